@@ -1,0 +1,154 @@
+"""CRC-16/CCITT-FALSE and per-packet validation: the CPU reference.
+
+The CRC runs slice-by-8: eight 256-entry tables let one step consume 8 bytes with 8 independent
+lookups instead of 8 dependent ones, about 4x the byte-at-a-time table loop here. Table ``k``
+holds the CRC of a byte followed by ``k`` zero bytes, so for a 16-bit non-reflected CRC the two
+state bytes fold into the first two input bytes and the rest are looked up independently.
+
+Every byte is widened (``np.uint32``) before shifting so that Numba's CUDA simulator, where a
+``uint8 << 8`` wraps, and a real device agree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from ndp.format import (
+    CRC16_INIT,
+    CRC16_POLY,
+    HEADER_BYTES,
+    FRAME_BYTES,
+    MASK_COUNT_BYTES,
+    SYNC,
+    TYP_MASKED_TABLE,
+    TYP_SKIP_TABLE,
+    TYP_WIDTH_TABLE,
+    DropReason,
+)
+from ndp.kernels._jit import cpu_kernel, cpu_parallel_kernel
+
+_OK = np.uint8(DropReason.OK)
+_BAD_SYNC = np.uint8(DropReason.BAD_SYNC)
+_TRUNCATED = np.uint8(DropReason.TRUNCATED)
+_BAD_CRC = np.uint8(DropReason.BAD_CRC)
+_BAD_LENGTH = np.uint8(DropReason.BAD_LENGTH)
+
+
+def make_crc16_tables() -> np.ndarray:
+    """(8, 256) uint32 slice-by-8 tables for CRC-16/CCITT-FALSE (poly 0x1021)."""
+    tables = np.zeros((8, 256), dtype=np.uint32)
+    for byte in range(256):
+        crc = byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ CRC16_POLY) if crc & 0x8000 else (crc << 1)
+            crc &= 0xFFFF
+        tables[0, byte] = crc
+    for k in range(1, 8):
+        prev = tables[k - 1]
+        tables[k] = ((prev << 8) & 0xFFFF) ^ tables[0, prev >> 8]
+    return tables
+
+
+CRC16_TABLES = make_crc16_tables()
+
+
+@cpu_kernel
+def crc16_update(crc, buf, start, stop, tables):  # pragma: no cover - compiled
+    """CRC-16 state ``crc`` advanced over ``buf[start:stop]`` (slice-by-8)."""
+    crc = np.uint32(crc)
+    i = start
+    stop8 = start + ((stop - start) // 8) * 8
+    while i < stop8:
+        x0 = (np.uint32(buf[i]) ^ (crc >> np.uint32(8))) & np.uint32(0xFF)
+        x1 = (np.uint32(buf[i + 1]) ^ crc) & np.uint32(0xFF)
+        crc = (
+            tables[7, x0]
+            ^ tables[6, x1]
+            ^ tables[5, buf[i + 2]]
+            ^ tables[4, buf[i + 3]]
+            ^ tables[3, buf[i + 4]]
+            ^ tables[2, buf[i + 5]]
+            ^ tables[1, buf[i + 6]]
+            ^ tables[0, buf[i + 7]]
+        )
+        i += 8
+    while i < stop:
+        idx = ((crc >> np.uint32(8)) ^ np.uint32(buf[i])) & np.uint32(0xFF)
+        crc = ((crc << np.uint32(8)) & np.uint32(0xFFFF)) ^ tables[0, idx]
+        i += 1
+    return crc
+
+
+@cpu_kernel
+def frame_status(shard, off, tables):  # pragma: no cover - compiled
+    """Framing verdict for a packet claimed at byte ``off``: OK, BAD_SYNC, TRUNCATED or BAD_CRC.
+
+    Bounds are checked before every read, so a hostile offset or LEN cannot read outside
+    ``shard``.
+    """
+    size = shard.shape[0]
+    if off < 0 or off + FRAME_BYTES > size:
+        return _TRUNCATED
+    if shard[off] != SYNC:
+        return _BAD_SYNC
+    length = (np.int64(shard[off + 4]) << 8) | np.int64(shard[off + 5])
+    end = off + HEADER_BYTES + length
+    if end + 2 > size:
+        return _TRUNCATED
+    stored = (np.uint32(shard[end]) << np.uint32(8)) | np.uint32(shard[end + 1])
+    if crc16_update(np.uint32(0xFFFF), shard, off, end, tables) != stored:
+        return _BAD_CRC
+    return _OK
+
+
+@cpu_kernel
+def payload_status(shard, off, width_table, masked_table, skip_table):  # pragma: no cover
+    """Payload verdict for a well-framed packet: OK, BAD_LENGTH, NOT_TOKENS or UNKNOWN_TYPE."""
+    typ = shard[off + 3]
+    skip = skip_table[typ]
+    if skip != 0:
+        return skip
+    length = (np.int64(shard[off + 4]) << 8) | np.int64(shard[off + 5])
+    width = np.int64(width_table[typ])
+    if masked_table[typ] != 0:
+        if length < MASK_COUNT_BYTES:
+            return _BAD_LENGTH
+        p = off + HEADER_BYTES
+        n = (np.int64(shard[p]) << 8) | np.int64(shard[p + 1])
+        if length != MASK_COUNT_BYTES + n * width + (n + 7) // 8:
+            return _BAD_LENGTH
+    elif length % width != 0:
+        return _BAD_LENGTH
+    return _OK
+
+
+@cpu_kernel
+def packet_status(shard, off, tables, width_table, masked_table, skip_table):  # pragma: no cover
+    """Full verdict for one packet: framing first, then payload layout."""
+    status = frame_status(shard, off, tables)
+    if status != _OK:
+        return status
+    return payload_status(shard, off, width_table, masked_table, skip_table)
+
+
+@cpu_parallel_kernel
+def _validate_packets(shard, offsets, status, tables, width_t, masked_t, skip_t):  # pragma: no cover
+    for k in prange(offsets.shape[0]):
+        status[k] = packet_status(shard, np.int64(offsets[k]), tables, width_t, masked_t, skip_t)
+
+
+def validate_packets_cpu(shard: np.ndarray, offsets: np.ndarray, status: np.ndarray) -> None:
+    """Write a ``DropReason`` code per packet into ``status`` (uint8, same length as offsets).
+
+    ``shard`` is the whole shard as uint8; ``offsets`` (int64) point at packet starts. Packets
+    are checked in parallel on every core. Synchronous; allocates nothing.
+    """
+    _validate_packets(
+        shard, offsets, status, CRC16_TABLES, TYP_WIDTH_TABLE, TYP_MASKED_TABLE, TYP_SKIP_TABLE
+    )
+
+
+def crc16_cpu(data: np.ndarray, crc: int = CRC16_INIT) -> int:
+    """CRC-16/CCITT-FALSE of a uint8 array, continuing from state ``crc``."""
+    return int(crc16_update(np.uint32(crc), data, 0, data.shape[0], CRC16_TABLES))

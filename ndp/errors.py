@@ -1,0 +1,40 @@
+"""Named exceptions. Each message says what was expected, what was found, and what to do."""
+
+from __future__ import annotations
+
+
+class NDPError(Exception):
+    """Base class of every error ndp raises on purpose."""
+
+
+class PacketError(NDPError, ValueError):
+    """A packet cannot be encoded or decoded (bad field value, length, CRC)."""
+
+
+class ShardFormatError(NDPError):
+    """A shard's header is damaged or the file is not an NDP shard."""
+
+
+class UnsupportedVersionError(ShardFormatError):
+    """The shard (or index) was written by a newer format version than this ndp reads."""
+
+
+class IndexMismatchError(NDPError):
+    """A sidecar index does not describe its shard (stale, damaged or for another file)."""
+
+
+class RecordError(NDPError, ValueError):
+    """An input record cannot be converted. ``where`` is ``file:line`` (or ``file:row N``)."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where}: {problem}")
+        self.where = where
+        self.problem = problem
+
+
+class TokenizerError(NDPError):
+    """The tokenizer cannot be loaded or lacks what conversion needs (such as an EOS token)."""
+
+
+class ConfigError(NDPError, ValueError):
+    """An option has a value that cannot work; the message names the allowed range."""
