@@ -1,0 +1,258 @@
+"""The sidecar index: the framing scan that builds it, and reading it back without trusting it.
+
+The scan walks a shard packet by packet. Where the bytes at the current position do not form a
+packet (not a sync byte, a frame past the end of the file, or a CRC mismatch, which is how a
+corrupted LEN shows), it records a corrupt region and resynchronises at the next sync byte whose
+packet validates. Resynchronisation only accepts packets with a defined TYP, so a run of
+garbage costs about one CRC per 10,000 bytes rather than one per 0xAA byte; a CRC-16 collision
+inside garbage can still fake a packet with odds of 1 in 65,536 per candidate.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ndp.errors import IndexMismatchError, UnsupportedVersionError
+from ndp.format import (
+    FRAME_BYTES,
+    INDEX_ENTRY_DTYPE,
+    INDEX_HEADER_BYTES,
+    INDEX_HEADER_DTYPE,
+    INDEX_MAGIC,
+    INDEX_VERSION,
+    SYNC,
+    TYP_SKIP_TABLE,
+    DropReason,
+)
+from ndp.kernels._jit import cpu_kernel
+from ndp.kernels.crc16 import CRC16_TABLES, frame_status
+from ndp.shard import Shard
+
+# resync candidates must carry a TYP this format defines (token or value types)
+_KNOWN_TYP = (TYP_SKIP_TABLE != DropReason.UNKNOWN_TYPE).astype(np.uint8)
+_SCAN_CHUNK = 1 << 20  # packets (and corrupt regions) per scan call: 8 MB of int64 each
+
+
+@cpu_kernel
+def _scan(data, pos, tables, known_typ, offsets, bad_off, bad_len, bad_reason):  # pragma: no cover
+    size = data.shape[0]
+    n_ok = 0
+    n_bad = 0
+    cap = offsets.shape[0]
+    while pos < size and n_ok < cap and n_bad < cap:
+        status = frame_status(data, pos, tables)
+        if status == DropReason.OK:
+            offsets[n_ok] = pos
+            n_ok += 1
+            pos += FRAME_BYTES + ((np.int64(data[pos + 4]) << 8) | np.int64(data[pos + 5]))
+            continue
+        q = pos + 1
+        while q < size:
+            if (
+                data[q] == SYNC
+                and q + FRAME_BYTES <= size
+                and known_typ[data[q + 3]] != 0
+                and frame_status(data, q, tables) == DropReason.OK
+            ):
+                break
+            q += 1
+        bad_off[n_bad] = pos
+        bad_len[n_bad] = q - pos
+        bad_reason[n_bad] = status
+        n_bad += 1
+        pos = q
+    return n_ok, n_bad, pos
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """A byte range of a shard that holds no valid packet, and why its first byte failed."""
+
+    offset: int
+    length: int
+    reason: DropReason
+
+    def describe(self) -> str:
+        return f"byte {self.offset}: {self.length} bytes skipped ({self.reason.name})"
+
+
+@dataclass
+class ScanResult:
+    """Every packet a framing scan found (index entries) and every corrupt region between."""
+
+    entries: np.ndarray  # INDEX_ENTRY_DTYPE
+    corrupt: list[Corruption]
+
+    @property
+    def corrupt_bytes(self) -> int:
+        return sum(c.length for c in self.corrupt)
+
+
+def entries_from_offsets(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Index entries for packets at ``offsets`` (already validated) of ``data``."""
+    entries = np.zeros(offsets.shape[0], dtype=INDEX_ENTRY_DTYPE)
+    entries["offset"] = offsets
+    entries["length"] = (data[offsets + 4].astype(np.uint16) << 8) | data[offsets + 5]
+    entries["src"] = data[offsets + 1]
+    entries["dst"] = data[offsets + 2]
+    entries["typ"] = data[offsets + 3]
+    return entries
+
+
+def scan(data: np.ndarray, start: int = 0) -> ScanResult:
+    """Framing scan of ``data`` (uint8) from byte ``start``; never raises on bad bytes."""
+    offs, bad_off, bad_len = (np.empty(_SCAN_CHUNK, np.int64) for _ in range(3))
+    bad_reason = np.empty(_SCAN_CHUNK, np.uint8)
+    found: list[np.ndarray] = []
+    corrupt: list[Corruption] = []
+    pos = start
+    while pos < data.shape[0]:
+        n_ok, n_bad, pos = _scan(
+            data, pos, CRC16_TABLES, _KNOWN_TYP, offs, bad_off, bad_len, bad_reason
+        )
+        found.append(offs[:n_ok].copy())
+        corrupt.extend(
+            Corruption(int(o), int(n), DropReason(int(r)))
+            for o, n, r in zip(bad_off[:n_bad], bad_len[:n_bad], bad_reason[:n_bad])
+        )
+    offsets = np.concatenate(found) if found else np.zeros(0, np.int64)
+    return ScanResult(entries_from_offsets(data, offsets), corrupt)
+
+
+def scan_shard(shard: Shard) -> ScanResult:
+    """Framing scan of a shard's packets (after its header, if any)."""
+    return scan(shard.data, shard.header.data_offset)
+
+
+# --- the sidecar file ---------------------------------------------------------------------------
+@dataclass
+class Index:
+    """A sidecar index: packet entries plus the shard size and crc32 it was made for."""
+
+    entries: np.ndarray
+    shard_size: int
+    shard_crc32: int
+    data_offset: int
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return self.entries["offset"].astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.entries.shape[0])
+
+
+def write_index(
+    path: str | os.PathLike,
+    entries: np.ndarray,
+    shard_size: int,
+    shard_crc32: int,
+    data_offset: int,
+) -> None:
+    """Write an index atomically (temporary name, fsync, rename)."""
+    head = np.zeros(1, dtype=INDEX_HEADER_DTYPE)
+    head["magic"] = INDEX_MAGIC
+    head["version"] = INDEX_VERSION
+    head["entry_size"] = INDEX_ENTRY_DTYPE.itemsize
+    head["n_packets"] = entries.shape[0]
+    head["shard_size"] = shard_size
+    head["shard_crc32"] = shard_crc32
+    head["data_offset"] = data_offset
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(head.tobytes())
+        f.write(np.ascontiguousarray(entries, dtype=INDEX_ENTRY_DTYPE).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_index(path: str | os.PathLike) -> Index:
+    """Read an index file; raise ``IndexMismatchError`` if it is damaged."""
+    path = Path(path)
+    raw = path.read_bytes()
+    hint = f"Rebuild it with 'ndp index {str(path)[: -len('.idx')]}'."
+    if len(raw) < INDEX_HEADER_BYTES or raw[:8] != INDEX_MAGIC:
+        raise IndexMismatchError(f"{path}: not an ndp index (bad magic or too short). {hint}")
+    head = np.frombuffer(raw[:INDEX_HEADER_BYTES], dtype=INDEX_HEADER_DTYPE)[0]
+    if int(head["version"]) > INDEX_VERSION:
+        raise UnsupportedVersionError(
+            f"{path}: index version {int(head['version'])}, this ndp reads up to "
+            f"{INDEX_VERSION}. Upgrade ndp, or {hint[0].lower()}{hint[1:]}"
+        )
+    n = int(head["n_packets"])
+    expected = INDEX_HEADER_BYTES + n * INDEX_ENTRY_DTYPE.itemsize
+    if int(head["entry_size"]) != INDEX_ENTRY_DTYPE.itemsize or len(raw) != expected:
+        raise IndexMismatchError(
+            f"{path}: {len(raw)} bytes, expected {expected} for {n} entries (truncated?). {hint}"
+        )
+    entries = np.frombuffer(raw, dtype=INDEX_ENTRY_DTYPE, offset=INDEX_HEADER_BYTES, count=n)
+    return Index(entries, int(head["shard_size"]), int(head["shard_crc32"]), int(head["data_offset"]))
+
+
+def check_index(index: Index, shard: Shard, *, index_path: Path | None = None) -> None:
+    """Raise ``IndexMismatchError`` unless ``index`` was made for exactly this shard's bytes.
+
+    Checks the size, the crc32 of the whole file (a full read), and that every entry lies
+    inside the file.
+    """
+    where = index_path or shard.index_path
+    hint = f"Rebuild it with 'ndp index {shard.path}'."
+    if index.shard_size != shard.size:
+        raise IndexMismatchError(
+            f"{where}: made for a {index.shard_size}-byte shard, {shard.path} has "
+            f"{shard.size} bytes (stale index). {hint}"
+        )
+    crc = shard.crc32()
+    if index.shard_crc32 != crc:
+        raise IndexMismatchError(
+            f"{where}: shard crc32 0x{index.shard_crc32:08x} recorded, 0x{crc:08x} found: "
+            f"{shard.path} changed since it was indexed (stale index). {hint}"
+        )
+    if len(index):
+        ends = index.offsets + FRAME_BYTES + index.entries["length"].astype(np.int64)
+        if int(ends.max()) > shard.size:
+            raise IndexMismatchError(f"{where}: entries point past the end of the shard. {hint}")
+
+
+def load_index(shard: Shard, *, on_stale: str = "rebuild") -> Index:
+    """The index of ``shard``: its sidecar if present and matching, else a fresh framing scan.
+
+    ``on_stale="rebuild"`` (default) scans the shard when the sidecar is missing or does not
+    match (a warning says so; nothing is written); ``"error"`` raises ``IndexMismatchError``.
+    """
+    if on_stale not in ("rebuild", "error"):
+        raise ValueError(f"on_stale must be 'rebuild' or 'error', got {on_stale!r}")
+    path = shard.index_path
+    try:
+        index = read_index(path)
+        check_index(index, shard, index_path=path)
+        return index
+    except FileNotFoundError:
+        if on_stale == "error":
+            raise IndexMismatchError(
+                f"{path}: missing. Build it with 'ndp index {shard.path}'."
+            ) from None
+        problem = f"{path} is missing"
+    except IndexMismatchError as err:
+        if on_stale == "error":
+            raise
+        problem = str(err)
+    warnings.warn(f"{problem}; scanning the shard instead", stacklevel=2)
+    result = scan_shard(shard)
+    return Index(result.entries, shard.size, shard.crc32(), shard.header.data_offset)
+
+
+def build_index(shard: Shard) -> tuple[Index, ScanResult]:
+    """Scan ``shard`` and write its sidecar index; return the index and what the scan found."""
+    result = scan_shard(shard)
+    index = Index(result.entries, shard.size, shard.crc32(), shard.header.data_offset)
+    write_index(shard.index_path, index.entries, index.shard_size, index.shard_crc32,
+                index.data_offset)
+    return index, result

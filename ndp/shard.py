@@ -1,0 +1,251 @@
+"""Shards on disk: the header, an atomic rolling writer and a memory-mapping reader.
+
+Layouts (header, index) are specified in ``ndp.format``; this module only reads and writes them.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ndp.errors import ConfigError, ShardFormatError, UnsupportedVersionError
+from ndp.format import (
+    FRAME_BYTES,
+    INDEX_ENTRY_DTYPE,
+    INDEX_SUFFIX,
+    SHARD_HEADER_BYTES,
+    SHARD_HEADER_CRC_AT,
+    SHARD_MAGIC,
+    SHARD_SUFFIX,
+    SHARD_VERSION,
+    SYNC,
+)
+from ndp.packet import crc16_ccitt
+
+
+def encode_shard_header(version: int = SHARD_VERSION) -> bytes:
+    """The 32-byte shard header of ``ndp.format``."""
+    head = bytearray(SHARD_HEADER_BYTES)
+    head[0:8] = SHARD_MAGIC
+    head[8:10] = version.to_bytes(2, "big")
+    head[10:12] = SHARD_HEADER_BYTES.to_bytes(2, "big")
+    crc = crc16_ccitt(bytes(head[:SHARD_HEADER_CRC_AT]))
+    head[SHARD_HEADER_CRC_AT:] = crc.to_bytes(2, "big")
+    return bytes(head)
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    """What the start of a shard says. ``version`` is None for a headerless packet stream."""
+
+    version: int | None
+    data_offset: int
+    problem: str | None = None  # a damaged header, reported but not fatal
+
+
+def parse_shard_header(data: np.ndarray, path: str | os.PathLike = "<shard>") -> ShardHeader:
+    """Read the header at the start of ``data`` (uint8).
+
+    A file that starts with SYNC, is empty, or starts with neither SYNC nor the magic is a
+    headerless stream (in the last case the framing scan reports the leading garbage). A header
+    whose CRC fails is reported in ``problem`` and packets are looked for after its 32 bytes.
+    Raises ``UnsupportedVersionError`` for a newer version with an intact header.
+    """
+    size = data.shape[0]
+    magic = bytes(data[: len(SHARD_MAGIC)])
+    if size == 0 or data[0] == SYNC or magic != SHARD_MAGIC:
+        return ShardHeader(version=None, data_offset=0)
+    if size < SHARD_HEADER_BYTES:
+        return ShardHeader(
+            version=None,
+            data_offset=size,
+            problem=f"truncated header: {size} of {SHARD_HEADER_BYTES} bytes",
+        )
+    head = bytes(data[:SHARD_HEADER_BYTES])
+    version = int.from_bytes(head[8:10], "big")
+    header_len = int.from_bytes(head[10:12], "big")
+    stored = int.from_bytes(head[SHARD_HEADER_CRC_AT:SHARD_HEADER_BYTES], "big")
+    if crc16_ccitt(head[:SHARD_HEADER_CRC_AT]) != stored:
+        return ShardHeader(
+            version=None,
+            data_offset=SHARD_HEADER_BYTES,
+            problem="header CRC mismatch (damaged header); reading packets after byte 32",
+        )
+    if version > SHARD_VERSION:
+        raise UnsupportedVersionError(
+            f"{path}: shard format version {version}, this ndp reads up to {SHARD_VERSION}. "
+            "Upgrade ndp (pip install -U ndp) to read it."
+        )
+    if version < 1 or header_len < SHARD_HEADER_BYTES or header_len > size:
+        raise ShardFormatError(
+            f"{path}: header says version {version}, header length {header_len} "
+            f"(file is {size} bytes); the shard is damaged. Rebuild it with 'ndp convert'."
+        )
+    return ShardHeader(version=version, data_offset=header_len)
+
+
+class Shard:
+    """A shard file, memory-mapped read-only as a uint8 array (``.data``).
+
+    Opening reads only the header; the bytes come from the page cache as they are touched.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        size = self.path.stat().st_size
+        if size == 0:  # np.memmap cannot map an empty file
+            self.data = np.zeros(0, dtype=np.uint8)
+        else:
+            self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        self.header = parse_shard_header(self.data, self.path)
+
+    @property
+    def size(self) -> int:
+        return int(self.data.shape[0])
+
+    @property
+    def index_path(self) -> Path:
+        return index_path_for(self.path)
+
+    def crc32(self) -> int:
+        """zlib.crc32 of the whole file (about 6 GB/s here): the index's staleness check."""
+        return zlib.crc32(self.data) if self.size else 0
+
+    def __repr__(self) -> str:
+        return f"Shard({str(self.path)!r}, size={self.size}, version={self.header.version})"
+
+
+def index_path_for(shard_path: str | os.PathLike) -> Path:
+    """Sidecar index path of a shard: ``<shard>.idx``."""
+    return Path(str(shard_path) + INDEX_SUFFIX)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class ShardInfo:
+    """One finished shard: its path, size, packet count and crc32."""
+
+    path: Path
+    size: int
+    packets: int
+    crc32: int
+
+
+@dataclass
+class _OpenShard:
+    path: Path
+    tmp: Path
+    file: object
+    size: int = 0
+    crc32: int = 0
+    entries: list = field(default_factory=list)
+
+
+class ShardWriter:
+    """Writes packets into ``directory/<prefix>-00000.ndp``, ``-00001.ndp``, ... with indexes.
+
+    Each shard is written to ``<name>.tmp``, fsynced and renamed into place only when it is
+    complete, so a crash leaves a ``.tmp`` file and never a half shard under a final name. A new
+    shard starts when the next packet would pass ``max_shard_bytes``. Use as a context manager:
+    leaving the block normally finishes the last shard; an exception discards it.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        prefix: str = "shard",
+        max_shard_bytes: int = 256 << 20,
+        header: bool = True,
+    ) -> None:
+        min_bytes = SHARD_HEADER_BYTES + FRAME_BYTES + 0xFFFF
+        if max_shard_bytes < min_bytes:
+            raise ConfigError(f"max_shard_bytes must be at least {min_bytes} (one full packet)")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.prefix = prefix
+        self.max_shard_bytes = max_shard_bytes
+        self.header = header
+        self.finished: list[ShardInfo] = []
+        self._current: _OpenShard | None = None
+
+    def _open(self) -> _OpenShard:
+        path = self.directory / f"{self.prefix}-{len(self.finished):05d}{SHARD_SUFFIX}"
+        tmp = path.with_name(path.name + ".tmp")
+        cur = _OpenShard(path=path, tmp=tmp, file=open(tmp, "wb"))
+        if self.header:
+            self._append(cur, encode_shard_header())
+        return cur
+
+    @staticmethod
+    def _append(cur: _OpenShard, data: bytes) -> None:
+        cur.file.write(data)
+        cur.crc32 = zlib.crc32(data, cur.crc32)
+        cur.size += len(data)
+
+    def write(self, packet: bytes) -> None:
+        """Append one framed packet (from ``encode_packet``/``encode_tokens``)."""
+        if len(packet) < FRAME_BYTES or packet[0] != SYNC:
+            raise ShardFormatError("write() takes a framed packet starting with the sync byte")
+        cur = self._current
+        if cur is not None and cur.entries and cur.size + len(packet) > self.max_shard_bytes:
+            self._finish()
+            cur = None
+        if cur is None:
+            cur = self._current = self._open()
+        length = (packet[4] << 8) | packet[5]
+        cur.entries.append((cur.size, length, packet[1], packet[2], packet[3]))
+        self._append(cur, packet)
+
+    def _finish(self) -> None:
+        from ndp.index import write_index  # index.py builds on this module
+
+        cur = self._current
+        self._current = None
+        cur.file.flush()
+        os.fsync(cur.file.fileno())
+        cur.file.close()
+        entries = np.zeros(len(cur.entries), dtype=INDEX_ENTRY_DTYPE)
+        if cur.entries:
+            cols = np.array(cur.entries, dtype=np.uint64)
+            for i, name in enumerate(("offset", "length", "src", "dst", "typ")):
+                entries[name] = cols[:, i]
+        data_offset = SHARD_HEADER_BYTES if self.header else 0
+        os.replace(cur.tmp, cur.path)
+        write_index(index_path_for(cur.path), entries, cur.size, cur.crc32, data_offset)
+        _fsync_dir(self.directory)
+        self.finished.append(ShardInfo(cur.path, cur.size, len(cur.entries), cur.crc32))
+
+    def close(self) -> list[ShardInfo]:
+        """Finish the open shard (if any) and return every finished shard."""
+        if self._current is not None:
+            self._finish()
+        return self.finished
+
+    def abort(self) -> None:
+        """Discard the shard being written; finished shards stay."""
+        if self._current is not None:
+            self._current.file.close()
+            self._current.tmp.unlink(missing_ok=True)
+            self._current = None
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
