@@ -177,7 +177,7 @@ def decode_packed(
     shard: np.ndarray | bytes,
     offsets: np.ndarray | list[int],
     *,
-    batch_size: int,
+    batch_size: int | None,
     seq_len: int,
     start: int = 0,
     out: tuple[np.ndarray, np.ndarray] | None = None,
@@ -186,10 +186,12 @@ def decode_packed(
     ``batch_size`` windows of ``seq_len + 1`` tokens starting at stream position ``start``:
     ``x[b] = stream[start + b*T : ... + T]``, ``y[b]`` the same shifted by one (llm.c layout).
 
-    Raises ``StreamExhausted`` if the stream has fewer than ``start + B*T + 1`` tokens.
-    Synchronous.
+    ``batch_size=None`` cuts as many whole windows as the stream holds from ``start``. With
+    ``out`` (two int64 arrays of at least that many rows and exactly ``seq_len`` columns) the
+    returned ``x``/``y`` are views of it. Raises ``StreamExhausted`` if the stream has fewer
+    than ``start + B*T + 1`` tokens. Synchronous.
     """
-    if batch_size < 1 or seq_len < 1:
+    if (batch_size is not None and batch_size < 1) or seq_len < 1:
         raise ConfigError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
     data, offs = _as_u8(shard), _as_offsets(offsets)
     n = offs.shape[0]
@@ -202,18 +204,23 @@ def decode_packed(
     cum = np.zeros(n_rows + 1, np.int64)
     np.cumsum(counts, out=cum[1:])
     total = int(cum[-1])
+    if batch_size is None:
+        batch_size = max(0, (total - start - 1) // seq_len)
     need = start + batch_size * seq_len + 1
-    if start < 0 or need > total:
+    if start < 0 or batch_size < 1 or need > total:
         raise StreamExhausted(
-            f"windows from token {start} need {need} tokens, the valid packets hold {total}"
+            f"windows from token {start} need {max(need, start + seq_len + 1)} tokens, "
+            f"the valid packets hold {total}"
         )
     if out is None:
         x = np.empty((batch_size, seq_len), np.int64)
         y = np.empty((batch_size, seq_len), np.int64)
     else:
-        x, y = out
-        if x.shape != (batch_size, seq_len) or y.shape != x.shape:
-            raise ConfigError(f"out buffers must be ({batch_size}, {seq_len}), got {x.shape}")
+        if out[0].shape[0] < batch_size or out[0].shape[1:] != (seq_len,) or out[1].shape != out[0].shape:
+            raise ConfigError(
+                f"out buffers must hold ({batch_size}, {seq_len}), got {out[0].shape}, {out[1].shape}"
+            )
+        x, y = out[0][:batch_size], out[1][:batch_size]
     build_packed_cpu(data, offs, rows[:n_rows], cum, start, x, y)
     stats = DecodeStats.from_status(status)
     stats.tokens = batch_size * seq_len

@@ -24,12 +24,17 @@ class IndexMismatchError(NDPError):
 
 
 class RecordError(NDPError, ValueError):
-    """An input record cannot be converted. ``where`` is ``file:line`` (or ``file:row N``)."""
+    """An input record cannot be converted.
 
-    def __init__(self, where: str, problem: str) -> None:
+    ``where`` is ``file:line`` (or ``file:row N``); ``kind`` is the short reason the converter
+    counts skipped records under (``bad_json``, ``unknown_field``, ``bad_record``, ...).
+    """
+
+    def __init__(self, where: str, problem: str, *, kind: str = "bad_record") -> None:
         super().__init__(f"{where}: {problem}")
         self.where = where
         self.problem = problem
+        self.kind = kind
 
 
 class TokenizerError(NDPError):

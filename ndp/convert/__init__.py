@@ -1,0 +1,15 @@
+"""The converter: JSONL, Parquet and text files to NDP shards (``ndp convert``)."""
+
+from ndp.convert.pipeline import MANIFEST, ConvertOptions, ConvertSummary, convert
+from ndp.convert.records import Example, to_example
+from ndp.convert.tokenizer import load_tokenizer
+
+__all__ = [
+    "MANIFEST",
+    "ConvertOptions",
+    "ConvertSummary",
+    "Example",
+    "convert",
+    "load_tokenizer",
+    "to_example",
+]

@@ -1,0 +1,201 @@
+"""The ``ndp`` command line: convert, index, inspect, verify, demo.
+
+Environment and logging are set up here, at the entry point, never at import of the library.
+Exit status: 0 success, 1 a check failed (verify found damage), 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from ndp.errors import NDPError
+from ndp.format import SHARD_SUFFIX, Dst, Src
+
+
+def _enum_arg(enum_type):
+    def parse(text: str):
+        try:
+            return enum_type[text.upper()] if not text.isdigit() else enum_type(int(text))
+        except (KeyError, ValueError):
+            names = ", ".join(m.name for m in enum_type)
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {names}") from None
+
+    return parse
+
+
+def _shard_paths(paths: list[str]) -> list[Path]:
+    """Shards named directly, or every shard inside a directory."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out.extend(sorted(p.glob(f"*{SHARD_SUFFIX}")) if p.is_dir() else [p])
+    return out
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from ndp.convert import ConvertOptions, convert
+
+    opts = ConvertOptions(
+        max_tokens=args.max_tokens,
+        overflow=args.overflow,
+        src=args.src,
+        dst=args.dst,
+        token_width=args.token_width,
+        strict=args.strict,
+        batch_size=args.batch_size,
+        max_shard_bytes=int(args.shard_size_mb * (1 << 20)),
+        text_unit=args.text_unit,
+        eos_token_id=args.eos_id,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    summary = convert(args.inputs, args.output, tokenizer=args.tokenizer, options=opts)
+    print(summary.describe())
+    return 0
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from ndp.index import build_index
+    from ndp.shard import Shard
+
+    status = 0
+    for path in _shard_paths(args.shards):
+        index, result = build_index(Shard(path))
+        print(f"{path}: {len(index)} packets indexed -> {Shard(path).index_path}")
+        for c in result.corrupt:
+            print(f"  {c.describe()}")
+            status = 1
+    return status
+
+
+def _print_report(report) -> None:
+    print(f"{report.path}: {report.size:,} bytes, format version {report.version or 'none (headerless)'}")
+    print(f"  packets {report.packets:,}  tokens {report.tokens:,}  index {report.index.split(':')[0]}")
+    for title, counts in (("SRC", report.by_src), ("DST", report.by_dst), ("TYP", report.by_typ)):
+        print(f"  {title}: " + (", ".join(f"{k} {v:,}" for k, v in counts.items()) or "-"))
+    if report.length_histogram:
+        print("  tokens per packet:")
+        peak = max(report.length_histogram.values())
+        for bucket, n in report.length_histogram.items():
+            print(f"    {bucket:>13}  {n:>9,}  {'#' * max(1, 40 * n // peak)}")
+    if report.dropped:
+        print("  dropped by the decoder: " + ", ".join(f"{k} {v:,}" for k, v in report.dropped.items()))
+    print(f"  corrupt: {report.corrupt_regions} region(s), {report.corrupt_bytes:,} bytes")
+    for problem in report.problems[:50]:
+        print(f"  ! {problem}")
+    if len(report.problems) > 50:
+        print(f"  ! ... {len(report.problems) - 50} more")
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from ndp.inspect import inspect_shard
+
+    reports = [inspect_shard(p) for p in _shard_paths(args.shards)]
+    if args.json:
+        print(json.dumps([asdict(r) for r in reports], indent=2))
+    else:
+        for r in reports:
+            _print_report(r)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from ndp.inspect import inspect_shard
+
+    failed = 0
+    paths = _shard_paths(args.shards)
+    if not paths:
+        print("verify: no shards found", file=sys.stderr)
+        return 2
+    for path in paths:
+        report = inspect_shard(path)
+        if report.ok:
+            print(f"OK    {path}: {report.packets:,} packets, {report.tokens:,} tokens")
+            continue
+        failed += 1
+        print(f"FAIL  {path}: {len(report.problems)} problem(s)")
+        for problem in report.problems:
+            print(f"      {problem}")
+    print(f"{len(paths) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ndp.demo import run_demo
+
+    run_demo(args.workdir, max_files=args.max_files, vocab_size=args.vocab_size,
+             progress=not args.no_progress)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ndp", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("convert", help="JSONL / Parquet / text -> NDP shards")
+    p.add_argument("inputs", nargs="+", help="input files or directories")
+    p.add_argument("output", help="output directory for shards, indexes and ndp.json")
+    p.add_argument("--tokenizer", required=True,
+                   help="local Hugging Face tokenizer directory or cached name (never downloaded)")
+    p.add_argument("--max-tokens", type=int, default=2048,
+                   help="tokens per example, EOS included (default 2048)")
+    p.add_argument("--overflow", choices=("truncate", "split"), default="truncate",
+                   help="longer examples: truncate (default, SFT) or split into packets (pretraining)")
+    p.add_argument("--src", type=_enum_arg(Src), default=Src.TEXT_CORPUS, help="SRC tag")
+    p.add_argument("--dst", type=_enum_arg(Dst), default=Dst.EMBEDDING, help="DST tag")
+    p.add_argument("--token-width", type=int, choices=(0, 2, 4), default=0,
+                   help="bytes per token; 0 = 2 if the vocabulary fits, else 4")
+    p.add_argument("--strict", action="store_true", help="stop at the first bad record")
+    p.add_argument("--batch-size", type=int, default=512, help="records per tokenizer call")
+    p.add_argument("--shard-size-mb", type=float, default=256, help="roll over at this size")
+    p.add_argument("--text-unit", choices=("file", "line"), default="file",
+                   help="plain text inputs: one document per file or per line")
+    p.add_argument("--eos-id", type=int, default=None, help="EOS id if the tokenizer has none")
+    p.add_argument("--overwrite", action="store_true", help="replace shards already in OUTPUT")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("index", help="rebuild sidecar indexes by a framing scan")
+    p.add_argument("shards", nargs="+", help="shard files or directories")
+    p.set_defaults(func=_cmd_index)
+
+    p = sub.add_parser("inspect", help="packet counts, tokens, lengths, corruption")
+    p.add_argument("shards", nargs="+", help="shard files or directories")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("verify", help="exit 1 on any corrupt packet or index mismatch")
+    p.add_argument("shards", nargs="+", help="shard files or directories")
+    p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("demo", help="the embedded default job: stdlib corpus end to end, offline")
+    p.add_argument("--workdir", default="ndp-demo", help="where to write (default ./ndp-demo)")
+    p.add_argument("--max-files", type=int, default=None, help="use only the first N files")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``ndp`` console script."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # ndp never downloads a tokenizer
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except NDPError as err:
+        print(f"ndp {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

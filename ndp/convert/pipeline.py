@@ -1,0 +1,222 @@
+"""The converter: input files -> tokenized examples -> packets -> shards with indexes.
+
+Records are read in order, tokenized in batches (the fast tokenizer encodes a batch on every
+core), cut to ``max_tokens`` (truncate or split, see ``ndp.format``) and written as packets by
+an atomic ``ShardWriter``. A bad record is skipped and counted under its reason (default) or
+stops the run (``strict``). A manifest ``ndp.json`` is written last, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ndp.convert.records import Example, to_example
+from ndp.convert.sources import expand_inputs, read_inputs
+from ndp.convert.tokenizer import (
+    chat_renderer,
+    load_tokenizer,
+    tokenize_examples,
+    tokenizer_info,
+)
+from ndp.errors import ConfigError, RecordError
+from ndp.format import SHARD_SUFFIX, SHARD_VERSION, Dst, Src, max_tokens_per_packet, token_typ
+from ndp.packet import encode_tokens
+from ndp.progress import progress_bar
+from ndp.shard import ShardWriter
+
+log = logging.getLogger("ndp.convert")
+MANIFEST = "ndp.json"
+OVERFLOW_RULES = ("truncate", "split")
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """How to convert. ``token_width`` 0 picks 2 bytes when the vocabulary fits, else 4."""
+
+    max_tokens: int = 2048
+    overflow: str = "truncate"
+    src: Src = Src.TEXT_CORPUS
+    dst: Dst = Dst.EMBEDDING
+    token_width: int = 0
+    strict: bool = False
+    batch_size: int = 512
+    max_shard_bytes: int = 256 << 20
+    text_unit: str = "file"
+    eos_token_id: int | None = None
+    overwrite: bool = False
+    progress: bool = True
+
+
+@dataclass
+class ConvertSummary:
+    """What a conversion did."""
+
+    output: str
+    tokenizer: str
+    token_width: int
+    examples: int = 0
+    packets: int = 0
+    tokens: int = 0
+    truncated: int = 0  # examples cut to max_tokens
+    truncated_tokens: int = 0
+    split: int = 0  # examples written as several packets
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> records
+    shards: list[str] = field(default_factory=list)
+    bytes: int = 0
+    input_bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    def describe(self) -> str:
+        rate = self.tokens / self.seconds if self.seconds else 0.0
+        skipped = ", ".join(f"{k}: {v}" for k, v in sorted(self.skipped.items())) or "none"
+        return (
+            f"examples {self.examples:,}  packets {self.packets:,}  tokens {self.tokens:,}\n"
+            f"truncated {self.truncated:,} ({self.truncated_tokens:,} tokens)  "
+            f"split {self.split:,}  skipped {self.skipped_total:,} ({skipped})\n"
+            f"{len(self.shards)} shard(s), {self.bytes / 1e6:.1f} MB in {self.output}  "
+            f"[{self.seconds:.1f} s, {rate / 1e6:.2f} M tokens/s, "
+            f"{self.input_bytes / 1e6 / max(self.seconds, 1e-9):.1f} MB/s of input]"
+        )
+
+
+def _check_output(output: Path, overwrite: bool) -> None:
+    old = sorted(output.glob(f"*{SHARD_SUFFIX}")) if output.is_dir() else []
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"output {output} is a file; the converter writes a directory")
+    if old and not overwrite:
+        raise ConfigError(
+            f"{output} already holds {len(old)} shard(s); choose another directory or pass "
+            "--overwrite to replace them"
+        )
+    for shard in old:
+        shard.unlink()
+        Path(str(shard) + ".idx").unlink(missing_ok=True)
+    (output / MANIFEST).unlink(missing_ok=True)
+
+
+def convert(
+    inputs: list[str | os.PathLike],
+    output: str | os.PathLike,
+    *,
+    tokenizer: str,
+    options: ConvertOptions = ConvertOptions(),
+) -> ConvertSummary:
+    """Convert ``inputs`` (JSONL, Parquet, text files or directories) into shards in ``output``.
+
+    ``tokenizer`` is a local Hugging Face tokenizer directory or a cached name. Raises
+    ``RecordError`` on the first bad record when ``options.strict``; otherwise bad records are
+    logged (``ndp.convert`` logger) and counted in ``summary.skipped``.
+    """
+    opts = options
+    if opts.overflow not in OVERFLOW_RULES:
+        raise ConfigError(f"overflow must be one of {OVERFLOW_RULES}, got {opts.overflow!r}")
+    if opts.batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {opts.batch_size}")
+    files = expand_inputs(list(inputs))
+    tok = load_tokenizer(tokenizer)
+    info = tokenizer_info(tok, tokenizer, eos_token_id=opts.eos_token_id)
+    width = opts.token_width or (2 if info.vocab_size <= 1 << 16 else 4)
+    if width not in (2, 4):
+        raise ConfigError(f"token width must be 0 (auto), 2 or 4 bytes, got {opts.token_width}")
+    if width == 2 and info.vocab_size > 1 << 16:
+        raise ConfigError(f"vocabulary of {info.vocab_size} ids does not fit 2-byte tokens; use 4")
+    capacity = max_tokens_per_packet(token_typ(width=width, masked=True))
+    if not 1 <= opts.max_tokens <= capacity:
+        raise ConfigError(
+            f"--max-tokens must be 1..{capacity} for {width}-byte tokens (one packet's LEN is "
+            f"16 bits); with --overflow split, longer documents continue in further packets"
+        )
+    out_dir = Path(output)
+    _check_output(out_dir, opts.overwrite)
+    render = chat_renderer(tok)
+    summary = ConvertSummary(output=str(out_dir), tokenizer=tokenizer, token_width=width)
+    started = time.perf_counter()
+    total_bytes = sum(f.stat().st_size for f in files)
+    bar = progress_bar(total=total_bytes, unit="B", unit_scale=True, desc="convert",
+                       enabled=opts.progress)
+
+    def skip(err: RecordError) -> None:
+        if opts.strict:
+            raise err
+        summary.skipped[err.kind] = summary.skipped.get(err.kind, 0) + 1
+        if summary.skipped_total <= 20:
+            log.warning("skipped %s", err)
+        elif summary.skipped_total == 21:
+            log.warning("more records skipped; the summary counts them all")
+
+    def flush(batch: list[Example], writer: ShardWriter) -> None:
+        for example, (ids, mask) in zip(batch, tokenize_examples(tok, batch, info.eos_token_id)):
+            if int(ids.max()) >= 1 << (8 * width):
+                skip(RecordError(example.where, f"token id {int(ids.max())} does not fit "
+                                 f"{width}-byte tokens", kind="token_range"))
+                continue
+            n = ids.shape[0]
+            summary.examples += 1
+            if n > opts.max_tokens and opts.overflow == "truncate":
+                summary.truncated += 1
+                summary.truncated_tokens += n - opts.max_tokens
+                n = opts.max_tokens
+            elif n > opts.max_tokens:
+                summary.split += 1
+            for lo in range(0, n, opts.max_tokens):
+                hi = min(n, lo + opts.max_tokens)
+                part = None if mask is None else mask[lo:hi]
+                writer.write(encode_tokens(ids[lo:hi], width=width, mask=part,
+                                           src=opts.src, dst=opts.dst))
+                summary.packets += 1
+                summary.tokens += hi - lo
+        batch.clear()
+
+    writer = ShardWriter(out_dir, max_shard_bytes=opts.max_shard_bytes)
+    with writer, bar:
+        batch: list[Example] = []
+        for where, record, nbytes in read_inputs(files, text_unit=opts.text_unit):
+            summary.input_bytes += nbytes
+            bar.update(nbytes)
+            try:
+                if isinstance(record, RecordError):
+                    raise record
+                batch.append(to_example(record, where, render_chat=render))
+            except RecordError as err:
+                skip(err)
+                continue
+            if len(batch) >= opts.batch_size:
+                flush(batch, writer)
+        flush(batch, writer)
+    summary.shards = [str(s.path) for s in writer.finished]
+    summary.bytes = sum(s.size for s in writer.finished)
+    summary.seconds = time.perf_counter() - started
+    _write_manifest(out_dir, summary, info, opts, writer)
+    return summary
+
+
+def _write_manifest(out_dir: Path, summary: ConvertSummary, info, opts, writer) -> None:
+    manifest = {
+        "format_version": SHARD_VERSION,
+        "tokenizer": asdict(info),
+        "token_width": summary.token_width,
+        "max_tokens": opts.max_tokens,
+        "overflow": opts.overflow,
+        "src": opts.src.name,
+        "dst": opts.dst.name,
+        "shards": [
+            {"name": s.path.name, "bytes": s.size, "packets": s.packets, "crc32": s.crc32}
+            for s in writer.finished
+        ],
+        "summary": {k: v for k, v in asdict(summary).items() if k not in ("shards",)},
+    }
+    tmp = out_dir / (MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out_dir / MANIFEST)

@@ -1,0 +1,110 @@
+"""Loading a Hugging Face tokenizer without touching the network, and tokenizing examples.
+
+``transformers`` is imported only here, and only when a tokenizer is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ndp.convert.records import Example
+from ndp.errors import TokenizerError
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """A fast tokenizer from a local directory or the local Hugging Face cache; never downloads."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise TokenizerError("the converter needs transformers: pip install 'ndp[tokenize]'") from err
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    except Exception as err:
+        raise TokenizerError(
+            f"cannot load tokenizer {name_or_path!r} from local files ({type(err).__name__}: "
+            f"{err}). ndp never downloads: pass a tokenizer directory, or a name already in the "
+            "Hugging Face cache (HF_HOME)."
+        ) from None
+    if not getattr(tok, "is_fast", False):
+        raise TokenizerError(
+            f"{name_or_path!r} loaded a slow (Python) tokenizer; ndp needs a fast one "
+            "(tokenizer.json) for character offsets and batched parallel encoding"
+        )
+    return tok
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What the converter needs to know about a tokenizer."""
+
+    name: str
+    vocab_size: int
+    eos_token_id: int
+    pad_token_id: int | None
+    has_chat_template: bool
+
+
+def tokenizer_info(tok: Any, name: str, *, eos_token_id: int | None = None) -> TokenizerInfo:
+    """Facts about ``tok``; ``TokenizerError`` if it has no EOS token and none was given."""
+    eos = tok.eos_token_id if eos_token_id is None else eos_token_id
+    if eos is None:
+        raise TokenizerError(
+            f"tokenizer {name!r} has no EOS token; pass one with --eos-id (ndp appends EOS to "
+            "every document)"
+        )
+    return TokenizerInfo(
+        name=name,
+        vocab_size=len(tok),
+        eos_token_id=int(eos),
+        pad_token_id=tok.pad_token_id,
+        has_chat_template=bool(getattr(tok, "chat_template", None)),
+    )
+
+
+def chat_renderer(tok: Any):
+    """A (messages, add_generation_prompt) -> text function, or None without a chat template."""
+    if not getattr(tok, "chat_template", None):
+        return None
+
+    def render(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        return tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    return render
+
+
+def tokenize_examples(
+    tok: Any, examples: list[Example], eos_token_id: int
+) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """(token ids, target mask or None) per example, EOS appended and counted as a target.
+
+    One batched call: the Rust tokenizer encodes the batch on every core. Special tokens are
+    not added (ndp appends EOS itself), so ids equal ``tok(text, add_special_tokens=False)``.
+    """
+    if not examples:
+        return []
+    enc = tok(
+        [e.text for e in examples],
+        add_special_tokens=False,
+        return_offsets_mapping=any(e.masked for e in examples),
+        return_attention_mask=False,
+    )
+    out = []
+    for i, example in enumerate(examples):
+        ids = np.empty(len(enc["input_ids"][i]) + 1, dtype=np.int64)
+        ids[:-1] = enc["input_ids"][i]
+        ids[-1] = eos_token_id
+        if not example.masked:
+            out.append((ids, None))
+            continue
+        starts = np.array([s for s, _ in enc["offset_mapping"][i]], dtype=np.int64)
+        mask = np.zeros(ids.shape[0], dtype=bool)
+        for lo, hi in example.targets:
+            mask[:-1] |= (starts >= lo) & (starts < hi)
+        mask[-1] = True
+        out.append((ids, mask))
+    return out

@@ -1,0 +1,115 @@
+"""What a shard holds (``ndp inspect``) and whether it is intact (``ndp verify``).
+
+Both scan the shard itself rather than trusting its index, then compare the index with the scan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ndp.decode import validate
+from ndp.errors import IndexMismatchError, NDPError
+from ndp.format import TYP_MASKED_TABLE, TYP_WIDTH_TABLE, DropReason, Dst, Src, Typ
+from ndp.index import check_index, read_index, scan_shard
+from ndp.kernels.build import token_layout
+from ndp.shard import Shard
+
+
+def _name(enum_type, value: int) -> str:
+    try:
+        return enum_type(value).name
+    except ValueError:
+        return f"reserved_0x{value:02X}"
+
+
+@dataclass
+class ShardReport:
+    """The result of inspecting one shard. ``problems`` lists every finding with its offset."""
+
+    path: str
+    size: int
+    version: int | None
+    packets: int = 0
+    tokens: int = 0
+    by_src: dict[str, int] = field(default_factory=dict)
+    by_dst: dict[str, int] = field(default_factory=dict)
+    by_typ: dict[str, int] = field(default_factory=dict)
+    length_histogram: dict[str, int] = field(default_factory=dict)  # "lo-hi" tokens -> packets
+    dropped: dict[str, int] = field(default_factory=dict)  # framed packets the decoder drops
+    corrupt_regions: int = 0
+    corrupt_bytes: int = 0
+    index: str = "missing"  # ok | missing | stale: <why>
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _histogram(counts: np.ndarray) -> dict[str, int]:
+    if counts.size == 0:
+        return {}
+    edges = [0, 1]
+    while edges[-1] <= counts.max():
+        edges.append(edges[-1] * 2)
+    hist, _ = np.histogram(counts, bins=edges)
+    return {f"{lo}-{hi - 1}": int(n) for lo, hi, n in zip(edges[:-1], edges[1:], hist) if n}
+
+
+def inspect_shard(path: str | Path) -> ShardReport:
+    """Scan ``path`` and report its packets, corrupt regions and index state. Never raises for
+    damaged bytes; a newer format version or an unreadable file is a problem in the report."""
+    try:
+        shard = Shard(path)
+    except (NDPError, OSError) as err:
+        report = ShardReport(str(path), 0, None)
+        report.problems.append(str(err))
+        return report
+    report = ShardReport(str(path), shard.size, shard.header.version)
+    if shard.header.problem:
+        report.problems.append(f"byte 0: {shard.header.problem}")
+    result = scan_shard(shard)
+    entries = result.entries
+    report.packets = int(entries.shape[0])
+    report.corrupt_regions = len(result.corrupt)
+    report.corrupt_bytes = result.corrupt_bytes
+    report.problems += [c.describe() for c in result.corrupt]
+    for key, enum_type, column in (("by_src", Src, "src"), ("by_dst", Dst, "dst"),
+                                   ("by_typ", Typ, "typ")):
+        values, counts = np.unique(entries[column], return_counts=True)
+        setattr(report, key, {_name(enum_type, int(v)): int(n) for v, n in zip(values, counts)})
+    offsets = entries["offset"].astype(np.int64)
+    status = validate(shard.data, offsets)
+    token_rows = np.flatnonzero(status == DropReason.OK)
+    counts = np.array(
+        [token_layout(shard.data, offsets[i], TYP_WIDTH_TABLE, TYP_MASKED_TABLE)[0]
+         for i in token_rows], dtype=np.int64)
+    report.tokens = int(counts.sum())
+    report.length_histogram = _histogram(counts)
+    for code in np.flatnonzero(np.bincount(status, minlength=len(DropReason))):
+        if code != DropReason.OK:
+            bad = offsets[status == code]
+            report.dropped[DropReason(code).name] = int(bad.size)
+            if code in (DropReason.BAD_LENGTH, DropReason.UNKNOWN_TYPE):
+                report.problems += [f"byte {o}: packet {DropReason(code).name}" for o in bad[:100]]
+    report.index = _index_state(shard, offsets)
+    if report.index != "ok":
+        report.problems.append(f"index: {report.index}")
+    return report
+
+
+def _index_state(shard: Shard, scanned_offsets: np.ndarray) -> str:
+    try:
+        index = read_index(shard.index_path)
+        check_index(index, shard)
+    except FileNotFoundError:
+        return "missing"
+    except IndexMismatchError as err:
+        return f"stale: {err}"
+    if not np.array_equal(index.offsets, scanned_offsets):
+        return "stale: its packet offsets differ from a framing scan of the shard"
+    return "ok"
+
