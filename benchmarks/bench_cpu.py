@@ -1,0 +1,209 @@
+"""CPU decode and converter throughput, written to benchmarks/results/ as JSON.
+
+    python benchmarks/bench_cpu.py                 # full grid (a few minutes on 2 cores)
+    python benchmarks/bench_cpu.py --quick         # smaller data, for a smoke run
+
+Decode is timed on synthetic shards of full-length packets (every row holds ``seq`` real
+tokens, so tokens/s counts only real tokens), with CRC validation on, reusing output buffers the
+way a training loop does. Each figure is the best of ``--repeats`` passes over the whole shard
+after one warm-up pass (Numba compile and page faults excluded). The converter is timed on the
+standard library corpus of ``ndp demo`` with its trained tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import ndp
+from ndp.decode import PaddedBuffers, decode_packed, decode_padded, validate
+from ndp.kernels._jit import cpu_kernel
+from ndp.kernels.crc16 import CRC16_TABLES
+from ndp.packet import encode_tokens
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    """The machine and versions a result was measured on."""
+    import numba
+
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {"python": platform.python_version(), "numpy": np.__version__,
+                "numba": numba.__version__}
+    for name in ("tokenizers", "transformers", "torch"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "numba_threads": numba.get_num_threads(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "versions": versions,
+        "ndp_commit": commit,
+    }
+
+
+def synthetic_shard(n_packets: int, seq: int, width: int, masked: bool, seed: int = 0):
+    """A shard of ``n_packets`` packets of ``seq`` random tokens; returns (bytes, offsets)."""
+    rng = np.random.default_rng(seed)
+    high = 50_000 if width == 2 else 150_000
+    proto = []
+    for _ in range(64):  # 64 distinct packets repeated: enough variety, fast to build
+        mask = (np.arange(seq) >= seq // 4) if masked else None
+        proto.append(encode_tokens(rng.integers(0, high, seq), width=width, mask=mask))
+    packets = [proto[i % 64] for i in range(n_packets)]
+    data = np.frombuffer(b"".join(packets), dtype=np.uint8)
+    sizes = np.array([len(p) for p in packets], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return data, offsets
+
+
+@cpu_kernel
+def _crc_bytewise(data, offsets, tables):  # the per-byte table CRC, for comparison
+    acc = 0
+    for k in range(offsets.shape[0]):
+        off = offsets[k]
+        n = (np.int64(data[off + 4]) << 8) | np.int64(data[off + 5])
+        crc = np.uint32(0xFFFF)
+        for i in range(off, off + 6 + n):
+            crc = ((crc << np.uint32(8)) & np.uint32(0xFFFF)) ^ tables[
+                0, ((crc >> np.uint32(8)) ^ np.uint32(data[i])) & np.uint32(0xFF)]
+        acc ^= crc
+    return acc
+
+
+def best_of(fn, repeats: int) -> float:
+    fn()  # warm-up: compile, fault in pages
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def bench_decode(n_packets: int, seq: int, batch: int, repeats: int) -> list[dict]:
+    rows = []
+    for width in (2, 4):
+        for masked in (False, True):
+            data, offsets = synthetic_shard(n_packets, seq, width, masked)
+            tokens = n_packets * seq
+            status = np.empty(n_packets, np.uint8)
+            crc_s = best_of(lambda: validate(data, offsets, out=status), repeats)
+            assert (status == 0).all()
+            buffers = PaddedBuffers.allocate(batch, seq)
+
+            def padded():
+                for i in range(0, n_packets, batch):
+                    decode_padded(data, offsets[i: i + batch], max_seq_length=seq, out=buffers)
+
+            pad_s = best_of(padded, repeats)
+            x = np.empty((batch, seq), np.int64)
+            y = np.empty((batch, seq), np.int64)
+            chunk = batch + 1  # packets per call: enough tokens for `batch` windows + 1
+
+            def packed():
+                for i in range(0, n_packets - chunk + 1, batch):
+                    decode_packed(data, offsets[i: i + chunk], batch_size=batch, seq_len=seq,
+                                  out=(x, y))
+
+            pk_s = best_of(packed, repeats)
+            pk_tokens = len(range(0, n_packets - chunk + 1, batch)) * batch * seq
+            row = {
+                "token_width": width, "masked": masked, "packets": n_packets, "seq": seq,
+                "batch": batch, "shard_bytes": int(data.size),
+                "validate_tokens_per_s": tokens / crc_s,
+                "validate_gb_per_s": data.size / crc_s / 1e9,
+                "padded_tokens_per_s": tokens / pad_s,
+                "packed_tokens_per_s": pk_tokens / pk_s,
+            }
+            if width == 4 and not masked:
+                bw_s = best_of(lambda: _crc_bytewise(data, offsets, CRC16_TABLES), repeats)
+                row["bytewise_crc_tokens_per_s"] = tokens / bw_s
+            rows.append(row)
+            print(f"width {width} masked {masked!s:5}: validate {row['validate_tokens_per_s'] / 1e6:7.0f} M tok/s "
+                  f"({row['validate_gb_per_s']:.2f} GB/s)  padded {row['padded_tokens_per_s'] / 1e6:6.0f} M tok/s  "
+                  f"packed {row['packed_tokens_per_s'] / 1e6:6.0f} M tok/s"
+                  + (f"  [per-byte CRC {row['bytewise_crc_tokens_per_s'] / 1e6:.0f} M tok/s]"
+                     if "bytewise_crc_tokens_per_s" in row else ""), flush=True)
+    return rows
+
+
+def bench_convert(max_files: int | None) -> dict:
+    from ndp.convert import ConvertOptions, convert
+    from ndp.demo import build_corpus, stdlib_files, train_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        files = stdlib_files(max_files)
+        code, sft, nbytes = build_corpus(tmp, files)
+        texts = [json.loads(line)["text"] for line in open(code)][:200]
+        tok_dir = train_tokenizer(texts, tmp / "tok")
+        out = {}
+        for name, path, opts in (
+            ("code", code, ConvertOptions(max_tokens=2048, overflow="split", progress=False)),
+            ("sft", sft, ConvertOptions(max_tokens=1024, progress=False)),
+        ):
+            s = convert([path], tmp / name, tokenizer=str(tok_dir), options=opts)
+            out[name] = {"input_mb": s.input_bytes / 1e6, "examples": s.examples,
+                         "tokens": s.tokens, "seconds": s.seconds,
+                         "tokens_per_s": s.tokens / s.seconds,
+                         "examples_per_s": s.examples / s.seconds,
+                         "input_mb_per_s": s.input_bytes / 1e6 / s.seconds}
+            print(f"convert {name}: {s.examples:,} examples, {s.tokens:,} tokens in {s.seconds:.1f} s "
+                  f"= {out[name]['tokens_per_s'] / 1e6:.2f} M tok/s, {out[name]['input_mb_per_s']:.1f} MB/s",
+                  flush=True)
+        return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="result file (default: results/)")
+    args = parser.parse_args(argv)
+    n_packets, seq, batch = (2048, 512, 32) if args.quick else (32768, 1024, 64)
+    result = {
+        "benchmark": "cpu_decode_and_convert",
+        "command": "python benchmarks/bench_cpu.py" + (" --quick" if args.quick else ""),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "decode": bench_decode(n_packets, seq, batch, args.repeats),
+        "convert": bench_convert(60 if args.quick else None),
+    }
+    path = args.out or RESULTS / f"cpu-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

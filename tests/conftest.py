@@ -1,0 +1,176 @@
+"""Shared helpers for the ndp core tests.
+
+Test data is RAMP data: packet ``k`` holds the tokens ``k * 1000 + arange(n)``, so token ``i`` of
+packet ``k`` has a value that names its own position; an off-by-one anywhere (a token from the
+wrong packet, a shifted window, a byte-swapped id) shows up as a wrong value.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+from ndp.format import FRAME_BYTES
+from ndp.packet import encode_tokens
+from ndp.shard import ShardWriter, encode_shard_header
+
+# one profile for the whole suite: small, deterministic, no deadline (the first call of a Numba
+# kernel may load compiled code from the cache)
+settings.register_profile(
+    "ndp",
+    max_examples=75,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ndp"))
+
+RAMP_STRIDE = 1000
+
+
+def ramp(k: int, n: int, *, stride: int = RAMP_STRIDE) -> np.ndarray:
+    """Tokens of ramp packet ``k``: ``k * stride + arange(n)`` (int64)."""
+    return k * stride + np.arange(n, dtype=np.int64)
+
+
+def ramp_mask(n: int, k: int = 0) -> np.ndarray:
+    """A deterministic loss mask for ``n`` tokens: a prompt of ``(k % 3) + 1`` tokens (not in
+    the loss) followed by targets, with every 5th target excluded too."""
+    mask = np.ones(n, dtype=bool)
+    mask[: (k % 3) + 1] = False
+    mask[np.arange(n) % 5 == 4] = False
+    return mask
+
+
+@dataclass
+class Spec:
+    """What one packet of a test shard should decode to."""
+
+    tokens: np.ndarray
+    width: int = 4
+    mask: np.ndarray | None = None
+    src: int = 0x01
+    dst: int = 0x01
+
+    def encode(self) -> bytes:
+        return encode_tokens(self.tokens, width=self.width, mask=self.mask,
+                             src=self.src, dst=self.dst)
+
+    def labels(self) -> np.ndarray:
+        if self.mask is None:
+            return self.tokens.copy()
+        return np.where(self.mask, self.tokens, -100)
+
+
+def ramp_specs(
+    lengths: list[int] | tuple[int, ...],
+    *,
+    width: int | list[int] = 4,
+    masked: bool | list[bool] = False,
+    stride: int = RAMP_STRIDE,
+) -> list[Spec]:
+    """One ramp packet spec per entry of ``lengths`` (widths/masks per packet or for all)."""
+    specs = []
+    for k, n in enumerate(lengths):
+        w = width[k] if isinstance(width, list) else width
+        m = masked[k] if isinstance(masked, list) else masked
+        specs.append(Spec(ramp(k, n, stride=stride), w, ramp_mask(n, k) if m else None))
+    return specs
+
+
+@dataclass
+class Stream:
+    """Packets concatenated into one byte string, with each packet's offset and bytes."""
+
+    data: bytes
+    offsets: list[int]
+    packets: list[bytes]
+    specs: list = field(default_factory=list)
+
+    @property
+    def array(self) -> np.ndarray:
+        return np.frombuffer(self.data, dtype=np.uint8)
+
+    def span(self, k: int) -> tuple[int, int]:
+        """[start, end) bytes of packet ``k``."""
+        return self.offsets[k], self.offsets[k] + len(self.packets[k])
+
+
+def build_stream(packets: list[bytes], *, header: bool = False, specs=None) -> Stream:
+    """Concatenate framed packets into a shard's bytes (optionally behind a shard header)."""
+    out = bytearray(encode_shard_header() if header else b"")
+    offsets = []
+    for p in packets:
+        offsets.append(len(out))
+        out += p
+    return Stream(bytes(out), offsets, list(packets), list(specs or []))
+
+
+def ramp_stream(lengths, *, header: bool = False, **kw) -> Stream:
+    """A stream of ramp packets (see ``ramp_specs``)."""
+    specs = ramp_specs(lengths, **kw)
+    return build_stream([s.encode() for s in specs], header=header, specs=specs)
+
+
+def write_shards(directory: Path, packets: list[bytes], **writer_kw) -> list:
+    """Write ``packets`` with ``ShardWriter`` into ``directory``; return its ``ShardInfo`` list."""
+    with ShardWriter(directory, **writer_kw) as writer:
+        for p in packets:
+            writer.write(p)
+    return writer.finished
+
+
+def packet_len(packet: bytes) -> int:
+    return FRAME_BYTES + ((packet[4] << 8) | packet[5])
+
+
+@pytest.fixture
+def ramp_shard(tmp_path):
+    """A one-shard directory of 12 ramp packets (mixed widths/masks); returns (ShardInfo, Stream)
+    where the stream holds the same bytes as the file."""
+    lengths = [5, 0, 17, 1, 64, 33, 8, 9, 100, 2, 40, 7]
+    widths = [4, 2] * 6
+    masked = [False, False, True, True, False, True, False, False, True, False, False, True]
+    specs = ramp_specs(lengths, width=widths, masked=masked)
+    stream = build_stream([s.encode() for s in specs], header=True, specs=specs)
+    (info,) = write_shards(tmp_path, stream.packets)
+    assert info.path.read_bytes() == stream.data
+    return info, stream
+
+
+@dataclass
+class GappyStream:
+    """Packets with garbage blobs between them: ``gaps[i]`` precedes packet ``i`` and
+    ``gaps[len(packets)]`` trails the last one."""
+
+    data: bytes
+    start: int  # where the packets (or the first gap) begin: after the header, if any
+    offsets: list[int]
+    packets: list[bytes]
+    gap_regions: list[tuple[int, int]]  # (offset, length) of every non-empty gap
+
+
+def build_gappy_stream(packets: list[bytes], gaps: list[bytes], *, header: bool = False):
+    assert len(gaps) == len(packets) + 1
+    out = bytearray(encode_shard_header() if header else b"")
+    start = len(out)
+    offsets, regions = [], []
+    for i, gap in enumerate(gaps):
+        if gap:
+            regions.append((len(out), len(gap)))
+            out += gap
+        if i < len(packets):
+            offsets.append(len(out))
+            out += packets[i]
+    return GappyStream(bytes(out), start, offsets, list(packets), regions)
+
+
+def flip_bit(data: bytes, bit: int) -> bytes:
+    out = bytearray(data)
+    out[bit // 8] ^= 1 << (bit % 8)
+    return bytes(out)
