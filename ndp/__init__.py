@@ -1,3 +1,41 @@
-"""ndp: the Neural Datagram Protocol data loader."""
-from ndp.format import Dst, DropReason, Src, Typ
+"""ndp: the Neural Datagram Protocol data loader.
+
+The wire format is specified in ``ndp.format``. The core produces NumPy arrays; torch and other
+DLPack consumers are adapted to elsewhere, so importing ndp does not import torch.
+"""
+
+from ndp.decode import (
+    DecodeStats,
+    PackedBatch,
+    PaddedBatch,
+    PaddedBuffers,
+    StreamExhausted,
+    decode_packed,
+    decode_padded,
+    validate,
+)
+from ndp.errors import (
+    ConfigError,
+    IndexMismatchError,
+    NDPError,
+    PacketError,
+    RecordError,
+    ShardFormatError,
+    TokenizerError,
+    UnsupportedVersionError,
+)
+from ndp.format import DropReason, Dst, Src, Typ, max_tokens_per_packet
+from ndp.index import Index, build_index, load_index, scan, scan_shard
 from ndp.packet import Packet, crc16_ccitt, decode_packet, encode_packet, encode_tokens
+from ndp.shard import Shard, ShardWriter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError", "DecodeStats", "DropReason", "Dst", "Index", "IndexMismatchError",
+    "NDPError", "PackedBatch", "Packet", "PacketError", "PaddedBatch", "PaddedBuffers",
+    "RecordError", "Shard", "ShardFormatError", "ShardWriter", "Src", "StreamExhausted",
+    "TokenizerError", "Typ", "UnsupportedVersionError", "__version__", "build_index",
+    "crc16_ccitt", "decode_packed", "decode_padded", "decode_packet", "encode_packet",
+    "encode_tokens", "load_index", "max_tokens_per_packet", "scan", "scan_shard", "validate",
+]

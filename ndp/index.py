@@ -216,8 +216,10 @@ def check_index(index: Index, shard: Shard, *, index_path: Path | None = None) -
             f"{shard.path} changed since it was indexed (stale index). {hint}"
         )
     if len(index):
-        ends = index.offsets + FRAME_BYTES + index.entries["length"].astype(np.int64)
-        if int(ends.max()) > shard.size:
+        # unsigned, offsets first: a hostile offset near 2**63 or 2**64 must not wrap the sum
+        offsets = index.entries["offset"].astype(np.uint64)
+        ends = offsets + np.uint64(FRAME_BYTES) + index.entries["length"].astype(np.uint64)
+        if int(offsets.max()) > shard.size or int(ends.max()) > shard.size:
             raise IndexMismatchError(f"{where}: entries point past the end of the shard. {hint}")
 
 

@@ -204,8 +204,9 @@ class ShardWriter:
             cur = None
         if cur is None:
             cur = self._current = self._open()
-        length = (packet[4] << 8) | packet[5]
-        cur.entries.append((cur.size, length, packet[1], packet[2], packet[3]))
+        head = bytes(packet[:6])  # ints, also for a uint8 array (whose << 8 would wrap)
+        length = (head[4] << 8) | head[5]
+        cur.entries.append((cur.size, length, head[1], head[2], head[3]))
         self._append(cur, packet)
 
     def _finish(self) -> None:

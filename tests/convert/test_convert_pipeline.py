@@ -1,0 +1,164 @@
+"""The converter end to end on a real (small, locally trained) tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ndp.convert import MANIFEST, ConvertOptions, convert
+from ndp.convert.roundtrip import check_roundtrip
+from ndp.decode import decode_padded
+from ndp.errors import ConfigError, RecordError, TokenizerError
+from ndp.format import IGNORE_INDEX, Src, Typ
+from ndp.index import load_index
+from ndp.packet import decode_packet
+from ndp.shard import Shard
+
+from conftest import write_jsonl
+
+TEXTS = ["def f(x):\n    return x + 1\n", "import os\nprint(os.getcwd())\n", "class A:\n    pass\n"]
+
+
+def packets(out_dir):
+    """Every packet of every shard in ``out_dir``, in order."""
+    manifest = json.loads((out_dir / MANIFEST).read_text())
+    result = []
+    for entry in manifest["shards"]:
+        shard = Shard(out_dir / entry["name"])
+        for off in load_index(shard, on_stale="error").offsets:
+            result.append(decode_packet(shard.data, int(off)))
+    return result
+
+
+def opts(**kw):
+    return ConvertOptions(progress=False, **kw)
+
+
+def test_text_records_round_trip(tmp_path, tokenizer_dir, hf_tokenizer):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS])
+    summary = convert([src], tmp_path / "out", tokenizer=tokenizer_dir,
+                      options=opts(src=Src.CODE_REPO))
+    got = packets(tmp_path / "out")
+    eos = hf_tokenizer.eos_token_id
+    for text, packet in zip(TEXTS, got, strict=True):
+        want = hf_tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+        assert packet.tokens.tolist() == want
+        assert packet.src == Src.CODE_REPO and packet.typ == Typ.TOKEN_IDS_U16
+        assert packet.mask is None
+    assert summary.examples == 3 and summary.skipped == {}
+    assert summary.tokens == sum(p.tokens.size for p in got)
+    assert check_roundtrip([src], tmp_path / "out", tokenizer=tokenizer_dir) == 3
+
+
+def test_prompt_completion_masks_prompt_tokens(tmp_path, tokenizer_dir, hf_tokenizer):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "Question: what is x?\n",
+                                               "completion": "Answer: x is one."}])
+    convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
+    (packet,) = packets(tmp_path / "out")
+    assert packet.typ == Typ.TOKEN_IDS_U16_MASKED
+    labels = packet.labels()
+    kept = hf_tokenizer.decode([t for t in labels.tolist() if t != IGNORE_INDEX])
+    assert "Answer: x is one." in kept and "Question" not in kept
+    assert labels[-1] == hf_tokenizer.eos_token_id  # EOS is a target
+    assert check_roundtrip([src], tmp_path / "out", tokenizer=tokenizer_dir) == 1
+
+
+def test_chat_records_train_on_assistant_turns(tmp_path, tokenizer_dir, hf_tokenizer):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a loop."},
+            {"role": "assistant", "content": "for i in range(3): pass"}]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"messages": msgs}])
+    convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
+    (packet,) = packets(tmp_path / "out")
+    kept = hf_tokenizer.decode([t for t in packet.labels().tolist() if t != IGNORE_INDEX])
+    assert "for i in range(3): pass" in kept
+    assert "Name a loop" not in kept and "Be brief" not in kept
+    assert check_roundtrip([src], tmp_path / "out", tokenizer=tokenizer_dir) == 1
+
+
+def test_parquet_and_text_inputs(tmp_path, tokenizer_dir):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": TEXTS}), tmp_path / "in.parquet")
+    (tmp_path / "a.py").write_text(TEXTS[0])
+    (tmp_path / "lines.txt").write_text("one line\n\nsecond line\n")
+    convert([tmp_path / "in.parquet", tmp_path / "a.py"], tmp_path / "o1",
+            tokenizer=tokenizer_dir, options=opts())
+    assert len(packets(tmp_path / "o1")) == 4
+    assert check_roundtrip([tmp_path / "in.parquet", tmp_path / "a.py"], tmp_path / "o1",
+                           tokenizer=tokenizer_dir) == 4
+    s = convert([tmp_path / "lines.txt"], tmp_path / "o2", tokenizer=tokenizer_dir,
+                options=opts(text_unit="line"))
+    assert s.examples == 2
+
+
+def test_bad_records_are_skipped_and_counted_or_fatal(tmp_path, tokenizer_dir, caplog):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "good"}, "{not json", {"txt": "typo"},
+                                              {"text": "also good"}])
+    summary = convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
+    assert summary.examples == 2
+    assert summary.skipped == {"bad_json": 1, "unknown_field": 1}
+    assert f"{src}:2" in caplog.text and f"{src}:3" in caplog.text
+    with pytest.raises(RecordError) as info:
+        convert([src], tmp_path / "strict", tokenizer=tokenizer_dir, options=opts(strict=True))
+    assert info.value.where == f"{src}:2"
+    assert not (tmp_path / "strict" / MANIFEST).exists()
+    assert not list((tmp_path / "strict").glob("*.tmp"))
+
+
+def test_truncate_and_split(tmp_path, tokenizer_dir, hf_tokenizer):
+    text = "x = 1\n" * 200
+    want = hf_tokenizer(text, add_special_tokens=False)["input_ids"] + [hf_tokenizer.eos_token_id]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": text}])
+    s = convert([src], tmp_path / "t", tokenizer=tokenizer_dir, options=opts(max_tokens=50))
+    (p,) = packets(tmp_path / "t")
+    assert p.tokens.tolist() == want[:50]
+    assert s.truncated == 1 and s.truncated_tokens == len(want) - 50
+    s = convert([src], tmp_path / "s", tokenizer=tokenizer_dir,
+                options=opts(max_tokens=50, overflow="split"))
+    parts = packets(tmp_path / "s")
+    assert [len(p.tokens) for p in parts[:-1]] == [50] * (len(parts) - 1)
+    assert np.concatenate([p.tokens for p in parts]).tolist() == want
+    assert s.split == 1 and s.packets == len(parts)
+    assert check_roundtrip([src], tmp_path / "s", tokenizer=tokenizer_dir) == len(parts)
+
+
+def test_rollover_into_several_shards(tmp_path, tokenizer_dir):
+    records = [{"text": f"value_{i} = {i} * {i}\n" * 40} for i in range(200)]
+    src = write_jsonl(tmp_path / "in.jsonl", records)
+    s = convert([src], tmp_path / "out", tokenizer=tokenizer_dir,
+                options=opts(max_shard_bytes=70_000, token_width=4))
+    assert len(s.shards) > 1
+    assert check_roundtrip([src], tmp_path / "out", tokenizer=tokenizer_dir) == 200
+    offsets = [load_index(Shard(p), on_stale="error").offsets for p in s.shards]
+    assert sum(len(o) for o in offsets) == 200
+
+
+def test_padded_decode_of_converted_shard(tmp_path, tokenizer_dir, hf_tokenizer):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS])
+    convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
+    shard = Shard(next((tmp_path / "out").glob("*.ndp")))
+    batch = decode_padded(shard.data, load_index(shard).offsets, max_seq_length=64,
+                          pad_token_id=hf_tokenizer.pad_token_id)
+    for row, text in zip(range(3), TEXTS):
+        n = int(batch.attention_mask[row].sum())
+        assert hf_tokenizer.decode(batch.input_ids[row, : n - 1].tolist()) == text
+        assert (batch.labels[row, n:] == IGNORE_INDEX).all()
+
+
+def test_option_and_environment_errors(tmp_path, tokenizer_dir):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
+    convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
+    with pytest.raises(ConfigError, match="already holds"):
+        convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
+    convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts(overwrite=True))
+    with pytest.raises(ConfigError, match="--max-tokens must be 1..30839"):
+        convert([src], tmp_path / "big", tokenizer=tokenizer_dir, options=opts(max_tokens=40000))
+    with pytest.raises(TokenizerError, match="never downloads"):
+        convert([src], tmp_path / "t", tokenizer=str(tmp_path / "no-such-tokenizer"),
+                options=opts())
+    with pytest.raises(ConfigError, match="does not exist"):
+        convert([tmp_path / "missing.jsonl"], tmp_path / "m", tokenizer=tokenizer_dir,
+                options=opts())

@@ -1,0 +1,96 @@
+"""The ndp command line: convert -> inspect -> verify -> index, and its exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ndp.cli import main
+from ndp.demo import stdlib_files, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    tok = train_tokenizer([p.read_text() for p in stdlib_files(10)], root / "tok", vocab_size=512)
+    src = root / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"x{i} = {i}\n" * (i + 1)}) + "\n" for i in range(30)))
+    assert main(["convert", str(src), str(root / "out"), "--tokenizer", str(tok),
+                 "--max-tokens", "64", "--src", "code_repo", "--no-progress"]) == 0
+    return root / "out", tok, src
+
+
+def copy_out(converted, tmp_path) -> Path:
+    import shutil
+
+    dst = tmp_path / "out"
+    shutil.copytree(converted[0], dst)
+    return dst
+
+
+def test_inspect_json_counts(converted, capsys):
+    capsys.readouterr()
+    assert main(["inspect", str(converted[0]), "--json"]) == 0
+    (report,) = json.loads(capsys.readouterr().out)
+    assert report["packets"] == 30 and report["by_src"] == {"CODE_REPO": 30}
+    assert report["by_typ"] == {"TOKEN_IDS_U16": 30}
+    assert report["index"] == "ok" and report["problems"] == []
+    assert sum(report["length_histogram"].values()) == 30
+    assert report["tokens"] > 0
+
+
+def test_inspect_text(converted, capsys):
+    assert main(["inspect", str(converted[0])]) == 0
+    out = capsys.readouterr().out
+    assert "packets 30" in out and "CODE_REPO 30" in out and "tokens per packet" in out
+
+
+def test_verify_passes_then_fails_with_offset_after_a_flipped_byte(converted, tmp_path, capsys):
+    out = copy_out(converted, tmp_path)
+    assert main(["verify", str(out)]) == 0
+    shard = next(out.glob("*.ndp"))
+    data = bytearray(shard.read_bytes())
+    data[200] ^= 0x10
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["verify", str(shard)]) == 1
+    text = capsys.readouterr().out
+    assert "FAIL" in text and "stale" in text and "skipped (BAD_CRC)" in text
+    assert main(["index", str(shard)]) == 1  # rebuilt, but reports the corrupt region
+    capsys.readouterr()
+    assert main(["verify", str(shard)]) == 1  # index now matches; the corrupt packet remains
+    text = capsys.readouterr().out
+    assert "stale" not in text and "BAD_CRC" in text
+
+
+def test_verify_flags_missing_and_stale_index_and_index_rebuilds(converted, tmp_path, capsys):
+    out = copy_out(converted, tmp_path)
+    shard = next(out.glob("*.ndp"))
+    Path(str(shard) + ".idx").unlink()
+    assert main(["verify", str(shard)]) == 1
+    assert main(["index", str(shard)]) == 0
+    assert main(["verify", str(shard)]) == 0
+    with open(shard, "ab") as f:  # truncated tail: half a packet appended
+        f.write(bytes([0xAA, 1, 1, 2, 0, 40, 0, 1]))
+    capsys.readouterr()
+    assert main(["verify", str(shard)]) == 1
+    text = capsys.readouterr().out
+    assert "TRUNCATED" in text and "stale" in text
+
+
+def test_errors_exit_2_with_a_message(converted, tmp_path, capsys):
+    _, tok, src = converted
+    assert main(["convert", str(src), str(tmp_path / "o"), "--tokenizer",
+                 str(tmp_path / "nope"), "--no-progress"]) == 2
+    assert "never downloads" in capsys.readouterr().err
+    assert main(["verify", str(tmp_path / "empty-dir-does-not-exist")]) == 1
+
+
+def test_console_script_is_installed():
+    result = subprocess.run([sys.executable, "-m", "ndp.cli", "--help"], capture_output=True,
+                            text=True)
+    assert result.returncode == 0 and "convert" in result.stdout and "verify" in result.stdout
