@@ -88,7 +88,7 @@ def frame_status(shard, off, tables):  # pragma: no cover - compiled
     ``shard``.
     """
     size = shard.shape[0]
-    if off < 0 or off + FRAME_BYTES > size:
+    if off < 0 or off > size - FRAME_BYTES:  # not off + FRAME_BYTES: it overflows near 2**63
         return _TRUNCATED
     if shard[off] != SYNC:
         return _BAD_SYNC

@@ -1,5 +1,10 @@
 """Shared helpers for the ndp core tests.
 
+Test modules import the helpers as ``from ndp_test_helpers import ...``: this conftest registers
+itself under that name, because the bare module name ``conftest`` is ambiguous once a
+subdirectory (such as ``tests/convert``) has a ``conftest.py`` of its own (pytest drops
+``sys.modules["conftest"]`` before importing each one).
+
 Test data is RAMP data: packet ``k`` holds the tokens ``k * 1000 + arange(n)``, so token ``i`` of
 packet ``k`` has a value that names its own position; an off-by-one anywhere (a token from the
 wrong packet, a shifted window, a byte-swapped id) shows up as a wrong value.
@@ -8,6 +13,7 @@ wrong packet, a shifted window, a byte-swapped id) shows up as a wrong value.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +34,16 @@ settings.register_profile(
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+# HYPOTHESIS_PROFILE=stress runs many more random examples (minutes), for hunting rare cases
+settings.register_profile(
+    "stress",
+    max_examples=3000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ndp"))
+
+sys.modules.setdefault("ndp_test_helpers", sys.modules[__name__])
 
 RAMP_STRIDE = 1000
 

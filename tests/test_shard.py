@@ -20,7 +20,7 @@ from ndp.shard import (
     parse_shard_header,
 )
 
-from conftest import build_stream, ramp, ramp_specs, ramp_stream, write_shards
+from ndp_test_helpers import build_stream, ramp, ramp_specs, ramp_stream, write_shards
 
 
 # --- header ------------------------------------------------------------------------------------
@@ -136,6 +136,21 @@ def test_writer_records_src_dst_typ(tmp_path):
     assert e["dst"].tolist() == [5, 3]
     assert e["typ"].tolist() == [0x02, 0x11]
     assert bytes(e["pad"][0]) == bytes(3)
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview,
+                                  lambda b: np.frombuffer(b, np.uint8)],
+                         ids=["bytes", "bytearray", "memoryview", "ndarray"])
+def test_writer_accepts_buffers(tmp_path, kind):
+    # LEN > 255 so its high byte matters (a uint8 array's packet[4] << 8 would wrap)
+    stream = ramp_stream([100, 3, 700], width=[4, 2, 4], masked=[False, True, False])
+    (info,) = write_shards(tmp_path, [kind(p) for p in stream.packets])
+    assert info.path.read_bytes() == ramp_stream([100, 3, 700], width=[4, 2, 4],
+                                                 masked=[False, True, False], header=True).data
+    e = read_index(index_path_for(info.path)).entries
+    assert e["length"].tolist() == [400, 2 + 6 + 1, 2800]
+    assert e["typ"].tolist() == [0x01, 0x12, 0x01]
+    assert e["offset"].tolist() == [32 + o for o in stream.offsets]
 
 
 def test_writer_no_tmp_left_after_close(tmp_path):
