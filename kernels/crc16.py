@@ -152,3 +152,37 @@ def validate_packets_cpu(shard: np.ndarray, offsets: np.ndarray, status: np.ndar
 def crc16_cpu(data: np.ndarray, crc: int = CRC16_INIT) -> int:
     """CRC-16/CCITT-FALSE of a uint8 array, continuing from state ``crc``."""
     return int(crc16_update(np.uint32(crc), data, 0, data.shape[0], CRC16_TABLES))
+
+
+@cpu_kernel
+def scan_frames(data, pos, tables, known_typ, offsets, bad_off, bad_len, bad_reason):  # pragma: no cover
+    """Framing scan from byte ``pos``: offsets of packets that frame and pass their CRC, and
+    corrupt regions (offset, length, first failure) between them. Stops when the output
+    arrays are full; returns (packets, regions, next position). See ``ndp.index``."""
+    size = data.shape[0]
+    n_ok = 0
+    n_bad = 0
+    cap = offsets.shape[0]
+    while pos < size and n_ok < cap and n_bad < cap:
+        status = frame_status(data, pos, tables)
+        if status == DropReason.OK:
+            offsets[n_ok] = pos
+            n_ok += 1
+            pos += FRAME_BYTES + ((np.int64(data[pos + 4]) << 8) | np.int64(data[pos + 5]))
+            continue
+        q = pos + 1
+        while q < size:
+            if (
+                data[q] == SYNC
+                and q + FRAME_BYTES <= size
+                and known_typ[data[q + 3]] != 0
+                and frame_status(data, q, tables) == DropReason.OK
+            ):
+                break
+            q += 1
+        bad_off[n_bad] = pos
+        bad_len[n_bad] = q - pos
+        bad_reason[n_bad] = status
+        n_bad += 1
+        pos = q
+    return n_ok, n_bad, pos

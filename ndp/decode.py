@@ -93,6 +93,27 @@ class PaddedBuffers:
     row_of_packet: np.ndarray
     rows: np.ndarray
 
+    def check(self, n_packets: int, max_seq_length: int) -> None:
+        """``ConfigError`` unless every buffer has the dtype and room for this call (the
+        kernels do not bounds-check their outputs)."""
+        want = {
+            "input_ids": (np.int64, (n_packets, max_seq_length)),
+            "labels": (np.int64, (n_packets, max_seq_length)),
+            "attention_mask": (np.int64, (n_packets, max_seq_length)),
+            "lengths": (np.int64, (n_packets,)),
+            "status": (np.uint8, (n_packets,)),
+            "row_of_packet": (np.int64, (n_packets,)),
+            "rows": (np.int64, (n_packets,)),
+        }
+        for name, (dtype, shape) in want.items():
+            arr = getattr(self, name)
+            rows_ok = arr.ndim == len(shape) and arr.shape[0] >= shape[0]
+            if arr.dtype != dtype or not rows_ok or arr.shape[1:] != shape[1:]:
+                raise ConfigError(
+                    f"out.{name} is {arr.dtype}{arr.shape}; need {np.dtype(dtype)} with at least "
+                    f"{shape[0]} rows and shape {shape[1:]} after them"
+                )
+
     @classmethod
     def allocate(cls, max_packets: int, max_seq_length: int) -> PaddedBuffers:
         shape = (max_packets, max_seq_length)
@@ -128,10 +149,8 @@ def decode_padded(
     n = offs.shape[0]
     if out is None:
         out = PaddedBuffers.allocate(n, max_seq_length)
-    elif out.input_ids.shape[0] < n or out.input_ids.shape[1] != max_seq_length:
-        raise ConfigError(
-            f"out buffers hold {out.input_ids.shape}, need at least ({n}, {max_seq_length})"
-        )
+    else:
+        out.check(n, max_seq_length)
     status = out.status[:n]
     validate_packets_cpu(data, offs, status)
     n_rows = compact_cpu(status, out.row_of_packet[:n], out.rows[:n])
@@ -216,9 +235,12 @@ def decode_packed(
         x = np.empty((batch_size, seq_len), np.int64)
         y = np.empty((batch_size, seq_len), np.int64)
     else:
-        if out[0].shape[0] < batch_size or out[0].shape[1:] != (seq_len,) or out[1].shape != out[0].shape:
+        if (out[0].dtype != np.int64 or out[1].dtype != np.int64 or out[0].ndim != 2
+                or out[0].shape[0] < batch_size or out[0].shape[1:] != (seq_len,)
+                or out[1].shape != out[0].shape):
             raise ConfigError(
-                f"out buffers must hold ({batch_size}, {seq_len}), got {out[0].shape}, {out[1].shape}"
+                f"out buffers must be int64 with room for ({batch_size}, {seq_len}), got "
+                f"{out[0].dtype}{out[0].shape}, {out[1].dtype}{out[1].shape}"
             )
         x, y = out[0][:batch_size], out[1][:batch_size]
     build_packed_cpu(data, offs, rows[:n_rows], cum, start, x, y)

@@ -35,7 +35,8 @@ TYP and payload encodings (enum ``Typ``)
 ----------------------------------------
 Original encodings:
 
-* ``TOKEN_IDS`` = 0x01: token ids as int32 big-endian, ``LEN = 4 * n``. Ids are >= 0.
+* ``TOKEN_IDS`` = 0x01: token ids as int32 big-endian, ``LEN = 4 * n``. Ids are >= 0: writers
+  never set the top bit, and readers decode the 4 bytes as unsigned.
 * ``FLOAT16`` = 0x03: IEEE half floats, big-endian, ``LEN = 2 * n``.
 * ``BFLOAT16`` = 0x06: bfloat16, big-endian, ``LEN = 2 * n``.
 

@@ -25,48 +25,15 @@ from ndp.format import (
     INDEX_HEADER_DTYPE,
     INDEX_MAGIC,
     INDEX_VERSION,
-    SYNC,
     TYP_SKIP_TABLE,
     DropReason,
 )
-from ndp.kernels._jit import cpu_kernel
-from ndp.kernels.crc16 import CRC16_TABLES, frame_status
+from ndp.kernels.crc16 import CRC16_TABLES, scan_frames
 from ndp.shard import Shard
 
 # resync candidates must carry a TYP this format defines (token or value types)
 _KNOWN_TYP = (TYP_SKIP_TABLE != DropReason.UNKNOWN_TYPE).astype(np.uint8)
 _SCAN_CHUNK = 1 << 20  # packets (and corrupt regions) per scan call: 8 MB of int64 each
-
-
-@cpu_kernel
-def _scan(data, pos, tables, known_typ, offsets, bad_off, bad_len, bad_reason):  # pragma: no cover
-    size = data.shape[0]
-    n_ok = 0
-    n_bad = 0
-    cap = offsets.shape[0]
-    while pos < size and n_ok < cap and n_bad < cap:
-        status = frame_status(data, pos, tables)
-        if status == DropReason.OK:
-            offsets[n_ok] = pos
-            n_ok += 1
-            pos += FRAME_BYTES + ((np.int64(data[pos + 4]) << 8) | np.int64(data[pos + 5]))
-            continue
-        q = pos + 1
-        while q < size:
-            if (
-                data[q] == SYNC
-                and q + FRAME_BYTES <= size
-                and known_typ[data[q + 3]] != 0
-                and frame_status(data, q, tables) == DropReason.OK
-            ):
-                break
-            q += 1
-        bad_off[n_bad] = pos
-        bad_len[n_bad] = q - pos
-        bad_reason[n_bad] = status
-        n_bad += 1
-        pos = q
-    return n_ok, n_bad, pos
 
 
 @dataclass(frozen=True)
@@ -112,7 +79,7 @@ def scan(data: np.ndarray, start: int = 0) -> ScanResult:
     corrupt: list[Corruption] = []
     pos = start
     while pos < data.shape[0]:
-        n_ok, n_bad, pos = _scan(
+        n_ok, n_bad, pos = scan_frames(
             data, pos, CRC16_TABLES, _KNOWN_TYP, offs, bad_off, bad_len, bad_reason
         )
         found.append(offs[:n_ok].copy())
@@ -242,7 +209,7 @@ def load_index(shard: Shard, *, on_stale: str = "rebuild") -> Index:
                 f"{path}: missing. Build it with 'ndp index {shard.path}'."
             ) from None
         problem = f"{path} is missing"
-    except IndexMismatchError as err:
+    except (IndexMismatchError, UnsupportedVersionError) as err:
         if on_stale == "error":
             raise
         problem = str(err)

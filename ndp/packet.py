@@ -26,7 +26,7 @@ from ndp.format import (
 )
 from ndp.kernels.crc16 import CRC16_TABLES, crc16_cpu, frame_status, payload_status
 
-_BYTE_ORDER = {2: ">u2", 4: ">i4"}
+_BYTE_ORDER = {2: ">u2", 4: ">u4"}  # ids are >= 0; 4-byte ids read as unsigned everywhere
 
 
 def _as_u8(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
@@ -78,7 +78,10 @@ def encode_tokens(
 
     ``mask[i]`` true means token ``i`` is a training target; false excludes it (prompt).
     """
-    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    raw = np.asarray(tokens)
+    if raw.size and raw.dtype.kind not in "iu":
+        raise PacketError(f"token ids must be integers, got dtype {raw.dtype}")
+    ids = raw.astype(np.int64).reshape(-1)
     if width not in _BYTE_ORDER:
         raise PacketError(f"token width must be 2 or 4 bytes, got {width}")
     limit = 1 << (8 * width - (1 if width == 4 else 0))

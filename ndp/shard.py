@@ -196,16 +196,20 @@ class ShardWriter:
 
     def write(self, packet: bytes) -> None:
         """Append one framed packet (from ``encode_packet``/``encode_tokens``)."""
-        if len(packet) < FRAME_BYTES or packet[0] != SYNC:
+        head = bytes(packet[:6])  # ints, also for a uint8 array (whose << 8 would wrap)
+        if len(packet) < FRAME_BYTES or head[0] != SYNC:
             raise ShardFormatError("write() takes a framed packet starting with the sync byte")
+        length = (head[4] << 8) | head[5]
+        if len(packet) != FRAME_BYTES + length:
+            raise ShardFormatError(
+                f"packet is {len(packet)} bytes but its LEN says {FRAME_BYTES + length}"
+            )
         cur = self._current
         if cur is not None and cur.entries and cur.size + len(packet) > self.max_shard_bytes:
             self._finish()
             cur = None
         if cur is None:
             cur = self._current = self._open()
-        head = bytes(packet[:6])  # ints, also for a uint8 array (whose << 8 would wrap)
-        length = (head[4] << 8) | head[5]
         cur.entries.append((cur.size, length, head[1], head[2], head[3]))
         self._append(cur, packet)
 

@@ -324,14 +324,12 @@ def test_hostile_offsets_from_an_index():
     assert batch.input_ids.tolist() == [[1, 2, 3], [1, 2, 3]]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "int32 token ids with the top bit set (invalid per spec: ids are >= 0) decode as negative "
-    "int32 in ndp.packet.decode_packet but as unsigned 32-bit values in the CPU kernels"))
 def test_top_bit_int32_tokens_agree_between_decoders():
+    # writers never set the top bit (ids are >= 0); readers all decode the 4 bytes as unsigned
     packet = encode_packet(b"\x80\x00\x00\x00\xff\xff\xff\xff", typ=Typ.TOKEN_IDS)
     host = decode_packet(packet).tokens.tolist()
     kernel = decode_padded(packet, [0], max_seq_length=2).input_ids[0].tolist()
-    assert host == kernel
+    assert host == kernel == [2**31, 2**32 - 1]
 
 
 def test_validate_out_buffer():
@@ -578,3 +576,17 @@ def test_property_corrupted_shard(ops, hostile, max_len):
         x, y, _, _ = ref_packed(data, offsets, 2, max_len, 0)
         np.testing.assert_array_equal(packed.x, x)
         np.testing.assert_array_equal(packed.y, y)
+
+
+def test_out_buffers_of_the_wrong_dtype_or_size_are_refused():
+    stream = ramp_stream([4, 4])
+    small = PaddedBuffers.allocate(1, 4)
+    with pytest.raises(ConfigError, match="out.input_ids"):
+        decode_padded(stream.data, stream.offsets, max_seq_length=4, out=small)
+    wrong = PaddedBuffers.allocate(2, 4)
+    wrong.labels = wrong.labels.astype(np.int32)
+    with pytest.raises(ConfigError, match="out.labels"):
+        decode_padded(stream.data, stream.offsets, max_seq_length=4, out=wrong)
+    x = np.empty((1, 3), np.int32)
+    with pytest.raises(ConfigError, match="int64"):
+        decode_packed(stream.data, stream.offsets, batch_size=1, seq_len=3, out=(x, x))

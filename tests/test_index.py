@@ -580,3 +580,17 @@ def test_build_index_empty_and_headerless(tmp_path):
     index, _ = build_index(Shard(raw))
     assert index.data_offset == 0 and index.offsets.tolist() == stream.offsets
     assert load_index(Shard(raw), on_stale="error").offsets.tolist() == stream.offsets
+
+
+def test_load_index_rescans_when_the_index_is_from_a_newer_version(tmp_path):
+    path = tmp_path / "s.ndp"
+    path.write_bytes(encode_tokens([1, 2, 3]) + encode_tokens([4, 5]))
+    index, _ = build_index(Shard(path))
+    raw = bytearray((tmp_path / "s.ndp.idx").read_bytes())
+    raw[8] = 9  # index version 9
+    (tmp_path / "s.ndp.idx").write_bytes(bytes(raw))
+    with pytest.raises(UnsupportedVersionError):
+        load_index(Shard(path), on_stale="error")
+    with pytest.warns(UserWarning, match="version 9"):
+        again = load_index(Shard(path))
+    assert again.offsets.tolist() == index.offsets.tolist() == [0, 20]

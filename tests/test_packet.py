@@ -344,3 +344,8 @@ def test_encode_packet_accepts_arrays():
     arr = np.array([1, 2], dtype=">i4")
     assert encode_packet(arr) == encode_packet(arr.tobytes()) == encode_tokens([1, 2])
 
+
+
+def test_encode_tokens_refuses_non_integer_ids():
+    with pytest.raises(PacketError, match="integers"):
+        encode_tokens([1.5, 2.0])

@@ -354,3 +354,14 @@ def test_stream_helper_matches_writer(tmp_path):
     (info,) = write_shards(tmp_path, stream.packets)
     assert info.path.read_bytes() == stream.data
     assert SHARD_HEADER_BYTES == stream.offsets[0]
+
+
+def test_writer_refuses_a_packet_whose_length_disagrees_with_its_len(tmp_path):
+    packet = encode_tokens([1, 2, 3])
+    with ShardWriter(tmp_path) as writer:
+        with pytest.raises(ShardFormatError, match="LEN says"):
+            writer.write(packet + b"\x00")
+        with pytest.raises(ShardFormatError, match="LEN says"):
+            writer.write(packet[:-1])
+        writer.write(packet)
+    assert len(read_index(str(writer.finished[0].path) + ".idx")) == 1

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from ndp.demo import stdlib_files, train_tokenizer
@@ -22,10 +19,3 @@ def hf_tokenizer(tokenizer_dir):
 
     return load_tokenizer(tokenizer_dir)
 
-
-def write_jsonl(path: Path, records: list) -> Path:
-    """Write records (dicts, or raw strings written as-is) one per line."""
-    with open(path, "w") as f:
-        for r in records:
-            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
-    return path

@@ -16,7 +16,14 @@ from ndp.index import load_index
 from ndp.packet import decode_packet
 from ndp.shard import Shard
 
-from conftest import write_jsonl
+
+def write_jsonl(path, records: list):
+    """Write records (dicts, or raw strings written as-is) one per line."""
+    with open(path, "w") as f:
+        for r in records:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return path
+
 
 TEXTS = ["def f(x):\n    return x + 1\n", "import os\nprint(os.getcwd())\n", "class A:\n    pass\n"]
 
