@@ -243,7 +243,8 @@ def run_demo(
     packed = max((_time_packed(workdir / "shards" / "code", 1024, runs["code"][1].max_tokens)
                   for _ in range(3)), key=lambda r: r["tokens_per_s"])
     say(f"[5/5] CPU decode (CRC on): padded SFT 64x1024: {padded['tokens_per_s'] / 1e6:.0f} M tokens/s "
-        f"({padded['rows']:,} rows); packed 1024-token windows: {packed['tokens_per_s'] / 1e6:.0f} M tokens/s "
+        f"of real tokens ({padded['rows']:,} rows, {padded['tokens'] / (padded['rows'] * 1024):.0%} "
+        f"filled); packed 1024-token windows: {packed['tokens_per_s'] / 1e6:.0f} M tokens/s "
         "(best of 3 passes)")
     return DemoReport(
         files=len(files),
