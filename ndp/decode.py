@@ -23,14 +23,13 @@ from ndp.format import DropReason
 from ndp.kernels.build import build_packed_cpu, build_padded_cpu, token_counts_cpu
 from ndp.kernels.compact import compact_cpu
 from ndp.kernels.crc16 import validate_packets_cpu
+from ndp.packet import as_u8
 
 
 def _as_u8(data: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:
-    if isinstance(data, np.ndarray):
-        if data.dtype != np.uint8 or data.ndim != 1:
-            raise ConfigError(f"shard bytes must be a 1-D uint8 array, got {data.dtype}{data.shape}")
-        return data
-    return np.frombuffer(data, dtype=np.uint8)
+    if isinstance(data, np.ndarray) and (data.dtype != np.uint8 or data.ndim != 1):
+        raise ConfigError(f"shard bytes must be a 1-D uint8 array, got {data.dtype}{data.shape}")
+    return as_u8(data)
 
 
 def _as_offsets(offsets: np.ndarray | list[int]) -> np.ndarray:

@@ -16,7 +16,7 @@ import ast
 import json
 import sysconfig
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -220,7 +220,7 @@ def run_demo(
     for name, (inputs, opts) in runs.items():
         out = workdir / "shards" / name
         summary = convert(inputs, out, tokenizer=str(tok_dir),
-                          options=ConvertOptions(**{**opts.__dict__, "overwrite": True}))
+                          options=replace(opts, overwrite=True))
         summaries[name] = summary
         say(f"[3/5] convert {name}: " + summary.describe().replace("\n", "\n      "))
 

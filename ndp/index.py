@@ -24,6 +24,7 @@ from ndp.format import (
     INDEX_HEADER_BYTES,
     INDEX_HEADER_DTYPE,
     INDEX_MAGIC,
+    INDEX_SUFFIX,
     INDEX_VERSION,
     TYP_SKIP_TABLE,
     DropReason,
@@ -144,14 +145,15 @@ def read_index(path: str | os.PathLike) -> Index:
     """Read an index file; raise ``IndexMismatchError`` if it is damaged."""
     path = Path(path)
     raw = path.read_bytes()
-    hint = f"Rebuild it with 'ndp index {str(path)[: -len('.idx')]}'."
+    shard_name = str(path)[: -len(INDEX_SUFFIX)]
+    hint = f"Rebuild it with 'ndp index {shard_name}'."
     if len(raw) < INDEX_HEADER_BYTES or raw[:8] != INDEX_MAGIC:
         raise IndexMismatchError(f"{path}: not an ndp index (bad magic or too short). {hint}")
     head = np.frombuffer(raw[:INDEX_HEADER_BYTES], dtype=INDEX_HEADER_DTYPE)[0]
     if int(head["version"]) > INDEX_VERSION:
         raise UnsupportedVersionError(
             f"{path}: index version {int(head['version'])}, this ndp reads up to "
-            f"{INDEX_VERSION}. Upgrade ndp, or {hint[0].lower()}{hint[1:]}"
+            f"{INDEX_VERSION}. Upgrade ndp, or rebuild it with 'ndp index {shard_name}'."
         )
     n = int(head["n_packets"])
     expected = INDEX_HEADER_BYTES + n * INDEX_ENTRY_DTYPE.itemsize

@@ -12,9 +12,9 @@ import numpy as np
 
 from ndp.decode import validate
 from ndp.errors import IndexMismatchError, NDPError
-from ndp.format import TYP_MASKED_TABLE, TYP_WIDTH_TABLE, DropReason, Dst, Src, Typ
+from ndp.format import DropReason, Dst, Src, Typ
 from ndp.index import check_index, read_index, scan_shard
-from ndp.kernels.build import token_layout
+from ndp.kernels.build import token_counts_cpu
 from ndp.shard import Shard
 
 
@@ -84,9 +84,8 @@ def inspect_shard(path: str | Path) -> ShardReport:
     offsets = entries["offset"].astype(np.int64)
     status = validate(shard.data, offsets)
     token_rows = np.flatnonzero(status == DropReason.OK)
-    counts = np.array(
-        [token_layout(shard.data, offsets[i], TYP_WIDTH_TABLE, TYP_MASKED_TABLE)[0]
-         for i in token_rows], dtype=np.int64)
+    counts = np.empty(token_rows.shape[0], np.int64)
+    token_counts_cpu(shard.data, offsets, token_rows, token_rows.shape[0], counts)
     report.tokens = int(counts.sum())
     report.length_histogram = _histogram(counts)
     for code in np.flatnonzero(np.bincount(status, minlength=len(DropReason))):

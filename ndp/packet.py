@@ -29,7 +29,8 @@ from ndp.kernels.crc16 import CRC16_TABLES, crc16_cpu, frame_status, payload_sta
 _BYTE_ORDER = {2: ">u2", 4: ">u4"}  # ids are >= 0; 4-byte ids read as unsigned everywhere
 
 
-def _as_u8(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
+def as_u8(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
+    """``data`` as a flat uint8 array, without copying."""
     if isinstance(data, np.ndarray):
         return data.reshape(-1).view(np.uint8)
     return np.frombuffer(data, dtype=np.uint8)
@@ -41,7 +42,7 @@ def crc16_ccitt(data: bytes | bytearray | memoryview | np.ndarray, crc: int = CR
     Pass a previous result as ``crc`` to continue over more bytes.
     ``crc16_ccitt(b"123456789") == 0x29B1``.
     """
-    return crc16_cpu(_as_u8(data), crc)
+    return crc16_cpu(as_u8(data), crc)
 
 
 def encode_packet(
@@ -52,7 +53,7 @@ def encode_packet(
     dst: int = 0x01,
 ) -> bytes:
     """Frame ``payload`` (already encoded as ``typ`` says) into a packet with its CRC."""
-    body = bytes(_as_u8(payload))
+    body = bytes(as_u8(payload))
     if len(body) > MAX_PAYLOAD:
         raise PacketError(
             f"payload is {len(body)} bytes; LEN is 16 bits so a packet holds at most "
@@ -135,7 +136,7 @@ def decode_packet(data: bytes | np.ndarray, offset: int = 0) -> Packet:
 
     The error names the reason (a ``DropReason``) and the byte offset.
     """
-    buf = _as_u8(data)
+    buf = as_u8(data)
     status = int(frame_status(buf, offset, CRC16_TABLES))
     if status == DropReason.OK:
         status = int(payload_status(buf, offset, TYP_WIDTH_TABLE, TYP_MASKED_TABLE, TYP_SKIP_TABLE))
