@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-import ndp
 from ndp.decode import PaddedBuffers, decode_packed, decode_padded, validate
 from ndp.kernels._jit import cpu_kernel
 from ndp.kernels.crc16 import CRC16_TABLES

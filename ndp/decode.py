@@ -9,7 +9,8 @@ training arrays from the rest in packet order:
 * ``decode_packed``: (x, y) windows of ``seq_len + 1`` tokens over the concatenated stream.
 
 Both run the Numba kernels of ``ndp.kernels`` on every core, synchronously, and take ``out=``
-buffers so a training loop allocates once.
+buffers for their outputs so a training loop allocates those once (``decode_packed`` still
+allocates its per-packet scratch arrays on each call).
 """
 
 from __future__ import annotations

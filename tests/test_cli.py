@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,6 @@ def test_errors_exit_2_with_a_message(converted, tmp_path, capsys):
 
 
 def test_console_script_is_installed():
-    result = subprocess.run([sys.executable, "-m", "ndp.cli", "--help"], capture_output=True,
-                            text=True)
+    script = shutil.which("ndp") or str(Path(sys.executable).with_name("ndp"))
+    result = subprocess.run([script, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "convert" in result.stdout and "verify" in result.stdout
