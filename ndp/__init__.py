@@ -14,6 +14,8 @@ from ndp.decode import (
     decode_padded,
     validate,
 )
+from ndp.backend import resolve_backend
+from ndp.decoder import CpuDecoder, Decoder
 from ndp.errors import (
     ConfigError,
     IndexMismatchError,
@@ -32,7 +34,7 @@ from ndp.shard import Shard, ShardWriter
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "DecodeStats", "DropReason", "Dst", "Index", "IndexMismatchError",
+    "ConfigError", "CpuDecoder", "Decoder", "resolve_backend", "DecodeStats", "DropReason", "Dst", "Index", "IndexMismatchError",
     "NDPError", "PackedBatch", "Packet", "PacketError", "PaddedBatch", "PaddedBuffers",
     "RecordError", "Shard", "ShardFormatError", "ShardWriter", "Src", "StreamExhausted",
     "TokenizerError", "Typ", "UnsupportedVersionError", "__version__", "build_index",

@@ -8,21 +8,32 @@ subdirectory (such as ``tests/convert``) has a ``conftest.py`` of its own (pytes
 Test data is RAMP data: packet ``k`` holds the tokens ``k * 1000 + arange(n)``, so token ``i`` of
 packet ``k`` has a value that names its own position; an off-by-one anywhere (a token from the
 wrong packet, a shifted window, a byte-swapped id) shows up as a wrong value.
+
+Where the CUDA kernels run: on a machine without an NVIDIA driver the whole run uses Numba's
+CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, which must be set before Numba is imported, hence
+here, first), so every kernel is checked against its CPU reference anyway; tests marked ``gpu``
+are skipped. Where a driver is present the same tests run on the device and the ``gpu`` tests
+run too. Set ``NUMBA_ENABLE_CUDASIM`` yourself to force either.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ:
+    _HAS_DRIVER = os.path.exists("/proc/driver/nvidia/version")
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if _HAS_DRIVER else "1"
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
-from ndp.format import FRAME_BYTES
-from ndp.packet import encode_tokens
+from ndp.format import FRAME_BYTES, Typ
+from ndp.packet import encode_packet, encode_tokens
 from ndp.shard import ShardWriter, encode_shard_header
 
 # one profile for the whole suite: small, deterministic, no deadline (the first call of a Numba
@@ -44,6 +55,19 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ndp"))
 
 sys.modules.setdefault("ndp_test_helpers", sys.modules[__name__])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip ``gpu`` tests, saying why, unless a real CUDA device can be used."""
+    from ndp.backend import cuda_unavailable_reason, simulated
+
+    reason = "running under the Numba CUDA simulator" if simulated() else cuda_unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA device: {reason}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 RAMP_STRIDE = 1000
 
@@ -189,3 +213,97 @@ def flip_bit(data: bytes, bit: int) -> bytes:
     out = bytearray(data)
     out[bit // 8] ^= 1 << (bit % 8)
     return bytes(out)
+
+
+# --- shared corruption cases (CPU decode and GPU decode are checked on the same ones) ------
+def drop_case():
+    """A stream with one packet of each kind, and offsets (some hostile) with expected codes."""
+    good = [encode_tokens(ramp(k, 4 + k), width=(2 if k % 2 else 4),
+                          mask=([k % 3 != 0] * (4 + k) if k > 1 else None)) for k in range(4)]
+    bad_crc = bytearray(encode_tokens(ramp(10, 6)))
+    bad_crc[9] ^= 0x04
+    masked = encode_tokens([1, 2, 3], mask=[1, 0, 1])
+    wrong_n = bytearray(masked[6:-2])
+    wrong_n[1] = 2  # N says 2, LEN holds 3
+    pieces = [
+        ("ok", good[0]),
+        ("BAD_CRC", bytes(bad_crc)),
+        ("ok", good[1]),
+        ("BAD_LENGTH", encode_packet(b"\x00" * 7, typ=Typ.TOKEN_IDS)),
+        ("BAD_LENGTH", encode_packet(b"\x00" * 5, typ=Typ.TOKEN_IDS_U16)),
+        ("BAD_LENGTH", encode_packet(bytes(wrong_n), typ=Typ.TOKEN_IDS_MASKED)),
+        ("BAD_LENGTH", encode_packet(b"\x00", typ=Typ.TOKEN_IDS_U16_MASKED)),
+        ("NOT_TOKENS", encode_packet(np.ones(4, ">f2").tobytes(), typ=Typ.FLOAT16)),
+        ("NOT_TOKENS", encode_packet(b"\x3f\x80\x3f\x80", typ=Typ.BFLOAT16)),
+        ("ok", good[2]),
+        ("UNKNOWN_TYPE", encode_packet(b"\x00\x00\x00\x01", typ=0x7E)),
+        ("UNKNOWN_TYPE", encode_packet(b"", typ=0x00)),
+        ("ok", good[3]),
+    ]
+    stream = build_stream([p for _, p in pieces], header=True)
+    data = stream.data
+    offsets = list(stream.offsets)
+    expected = [name for name, _ in pieces]
+    # a packet at the end whose LEN runs past the end of the shard
+    tail = bytearray(encode_tokens(ramp(20, 5)))
+    tail[4:6] = b"\x01\x00"
+    tail_at = len(data)
+    data += bytes(tail)
+    # hostile offsets
+    extra = [
+        (stream.offsets[0] + 2, "BAD_SYNC"),  # DST byte of the first packet (0x01)
+        (3, "BAD_SYNC"),  # inside the shard header
+        (tail_at, "TRUNCATED"),
+        (len(data) - 3, "TRUNCATED"),  # too close to the end for a frame
+        (len(data), "TRUNCATED"),
+        (10**12, "TRUNCATED"),
+        (-1, "TRUNCATED"),
+        (-(10**12), "TRUNCATED"),
+        (2**63 - 1, "TRUNCATED"),  # off + 8 would overflow int64
+        (2**63 - 8, "TRUNCATED"),
+        (stream.offsets[2], "ok"),  # a repeated good packet
+    ]
+    for off, name in extra:
+        offsets.append(off)
+        expected.append(name)
+    return data, offsets, expected
+
+
+
+_BASE = None
+
+
+def base_stream():
+    """12 ramp packets of mixed widths and masks behind a shard header (built once)."""
+    global _BASE
+    if _BASE is None:
+        specs = ramp_specs([6, 0, 11, 3, 40, 1, 7, 2, 25, 9, 14, 5],
+                           width=[4, 2, 4, 4, 2, 2, 4, 4, 2, 4, 2, 4],
+                           masked=[False, False, True, False, True, False, False, True, False,
+                                   False, True, True])
+        _BASE = build_stream([s.encode() for s in specs], header=True, specs=specs)
+    return _BASE
+
+
+corruption = st.one_of(
+    st.tuples(st.just("flip"), st.integers(0, 10**6)),
+    st.tuples(st.just("truncate"), st.integers(0, 10**6)),
+    st.tuples(st.just("overwrite"), st.integers(0, 10**6), st.binary(min_size=1, max_size=6)),
+)
+
+
+def corrupt(data: bytes, ops) -> bytes:
+    """Apply ``corruption`` operations (bit flip, truncation, overwrite) to ``data``."""
+    for op in ops:
+        if not data:
+            break
+        if op[0] == "flip":
+            data = flip_bit(data, op[1] % (8 * len(data)))
+        elif op[0] == "truncate":
+            data = data[: op[1] % (len(data) + 1)]
+        else:
+            at = op[1] % len(data)
+            data = data[:at] + op[2] + data[at + len(op[2]):]
+    return data
+
+

@@ -23,7 +23,16 @@ from ndp.index import scan
 from ndp.packet import decode_packet, encode_packet, encode_tokens
 from ndp.shard import Shard
 
-from ndp_test_helpers import build_stream, flip_bit, ramp, ramp_specs, ramp_stream
+from ndp_test_helpers import (
+    base_stream,
+    build_stream,
+    corrupt,
+    corruption,
+    drop_case,
+    ramp,
+    ramp_specs,
+    ramp_stream,
+)
 
 TOKEN_TYPS = {Typ.TOKEN_IDS: 4, Typ.TOKEN_IDS_U16: 2, Typ.TOKEN_IDS_MASKED: 4,
               Typ.TOKEN_IDS_U16_MASKED: 2}
@@ -234,61 +243,8 @@ def test_padded_bad_arguments():
 
 
 # --- drop reasons ------------------------------------------------------------------------------
-def _drop_case():
-    """A stream with one packet of each kind, and offsets (some hostile) with expected codes."""
-    good = [encode_tokens(ramp(k, 4 + k), width=(2 if k % 2 else 4),
-                          mask=([k % 3 != 0] * (4 + k) if k > 1 else None)) for k in range(4)]
-    bad_crc = bytearray(encode_tokens(ramp(10, 6)))
-    bad_crc[9] ^= 0x04
-    masked = encode_tokens([1, 2, 3], mask=[1, 0, 1])
-    wrong_n = bytearray(masked[6:-2])
-    wrong_n[1] = 2  # N says 2, LEN holds 3
-    pieces = [
-        ("ok", good[0]),
-        ("BAD_CRC", bytes(bad_crc)),
-        ("ok", good[1]),
-        ("BAD_LENGTH", encode_packet(b"\x00" * 7, typ=Typ.TOKEN_IDS)),
-        ("BAD_LENGTH", encode_packet(b"\x00" * 5, typ=Typ.TOKEN_IDS_U16)),
-        ("BAD_LENGTH", encode_packet(bytes(wrong_n), typ=Typ.TOKEN_IDS_MASKED)),
-        ("BAD_LENGTH", encode_packet(b"\x00", typ=Typ.TOKEN_IDS_U16_MASKED)),
-        ("NOT_TOKENS", encode_packet(np.ones(4, ">f2").tobytes(), typ=Typ.FLOAT16)),
-        ("NOT_TOKENS", encode_packet(b"\x3f\x80\x3f\x80", typ=Typ.BFLOAT16)),
-        ("ok", good[2]),
-        ("UNKNOWN_TYPE", encode_packet(b"\x00\x00\x00\x01", typ=0x7E)),
-        ("UNKNOWN_TYPE", encode_packet(b"", typ=0x00)),
-        ("ok", good[3]),
-    ]
-    stream = build_stream([p for _, p in pieces], header=True)
-    data = stream.data
-    offsets = list(stream.offsets)
-    expected = [name for name, _ in pieces]
-    # a packet at the end whose LEN runs past the end of the shard
-    tail = bytearray(encode_tokens(ramp(20, 5)))
-    tail[4:6] = b"\x01\x00"
-    tail_at = len(data)
-    data += bytes(tail)
-    # hostile offsets
-    extra = [
-        (stream.offsets[0] + 2, "BAD_SYNC"),  # DST byte of the first packet (0x01)
-        (3, "BAD_SYNC"),  # inside the shard header
-        (tail_at, "TRUNCATED"),
-        (len(data) - 3, "TRUNCATED"),  # too close to the end for a frame
-        (len(data), "TRUNCATED"),
-        (10**12, "TRUNCATED"),
-        (-1, "TRUNCATED"),
-        (-(10**12), "TRUNCATED"),
-        (2**63 - 1, "TRUNCATED"),  # off + 8 would overflow int64
-        (2**63 - 8, "TRUNCATED"),
-        (stream.offsets[2], "ok"),  # a repeated good packet
-    ]
-    for off, name in extra:
-        offsets.append(off)
-        expected.append(name)
-    return data, offsets, expected
-
-
 def test_drop_reasons_counted():
-    data, offsets, expected = _drop_case()
+    data, offsets, expected = drop_case()
     codes = [DropReason.OK if e == "ok" else DropReason[e] for e in expected]
     assert [ref_status(data, o) for o in offsets] == codes  # the reference agrees with the test
     np.testing.assert_array_equal(validate(data, offsets), np.array(codes, np.uint8))
@@ -333,7 +289,7 @@ def test_top_bit_int32_tokens_agree_between_decoders():
 
 
 def test_validate_out_buffer():
-    data, offsets, expected = _drop_case()
+    data, offsets, expected = drop_case()
     out = np.full(len(offsets) + 5, 255, np.uint8)
     status = validate(data, offsets, out=out)
     assert np.shares_memory(status, out) and status.shape == (len(offsets),)
@@ -501,46 +457,11 @@ def test_packed_consecutive_batches_cover_the_stream():
 
 
 # --- property: corrupted shards ----------------------------------------------------------------
-_BASE = None
-
-
-def _base():
-    global _BASE
-    if _BASE is None:
-        specs = ramp_specs([6, 0, 11, 3, 40, 1, 7, 2, 25, 9, 14, 5],
-                           width=[4, 2, 4, 4, 2, 2, 4, 4, 2, 4, 2, 4],
-                           masked=[False, False, True, False, True, False, False, True, False,
-                                   False, True, True])
-        _BASE = build_stream([s.encode() for s in specs], header=True, specs=specs)
-    return _BASE
-
-
-corruption = st.one_of(
-    st.tuples(st.just("flip"), st.integers(0, 10**6)),
-    st.tuples(st.just("truncate"), st.integers(0, 10**6)),
-    st.tuples(st.just("overwrite"), st.integers(0, 10**6), st.binary(min_size=1, max_size=6)),
-)
-
-
-def _corrupt(data: bytes, ops) -> bytes:
-    for op in ops:
-        if not data:
-            break
-        if op[0] == "flip":
-            data = flip_bit(data, op[1] % (8 * len(data)))
-        elif op[0] == "truncate":
-            data = data[: op[1] % (len(data) + 1)]
-        else:
-            at = op[1] % len(data)
-            data = data[:at] + op[2] + data[at + len(op[2]):]
-    return data
-
-
 @given(st.lists(corruption, min_size=1, max_size=3),
        st.lists(st.integers(-50, 2000), max_size=6), st.integers(1, 48))
 def test_property_corrupted_shard(ops, hostile, max_len):
-    base = _base()
-    data = _corrupt(base.data, ops)
+    base = base_stream()
+    data = corrupt(base.data, ops)
     offsets = list(base.offsets) + hostile  # a stale index plus hostile offsets
     batch = decode_padded(data, offsets, max_seq_length=max_len, pad_token_id=3)
     ref = ref_padded(data, offsets, max_len, 3)

@@ -1,0 +1,188 @@
+"""Device memory, streams and the DLPack handoff for the ``cuda`` backend.
+
+Memory is allocated with Numba (``cuda.device_array`` / ``cuda.pinned_array``), once, and reused;
+kernels are launched on Numba streams. What leaves ndp is a ``DeviceArray``: a zero-copy view
+that any DLPack consumer takes (``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack``) and
+that orders the consumer after the kernels that wrote it:
+
+* ``__dlpack__(stream=S)`` makes the consumer's stream ``S`` wait for ndp's stream (through
+  CuPy, which implements the DLPack stream rules), so no host synchronisation is needed;
+* the consumer's stream is remembered, and before ndp writes the same buffer again it makes its
+  own stream wait for everything the consumer had queued on ``S`` up to that moment. A buffer
+  is therefore never overwritten while queued consumer work still reads it, as long as that
+  work was queued before the call that reuses the buffer (see ``ndp.gpu_decode`` for when that
+  is).
+
+Under Numba's CUDA simulator the "device" is host memory: ``DeviceArray`` then wraps a NumPy
+array and DLPack hands out CPU tensors; streams and events do nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ndp.backend import simulated
+
+#: DLPack's name for "the legacy default stream" (what ``stream=None`` means on CUDA)
+LEGACY_DEFAULT_STREAM = 1
+#: DLPack's "consumer asks for no synchronisation"
+NO_SYNC = -1
+
+
+def _cuda():
+    from numba import cuda
+
+    return cuda
+
+
+class Consumers:
+    """The streams that imported a buffer through DLPack since ndp last wrote it."""
+
+    __slots__ = ("streams",)
+
+    def __init__(self) -> None:
+        self.streams: set[int] = set()
+
+    def fence(self, stream: Any) -> None:
+        """Make ``stream`` (ndp's) wait for the work queued so far on every consumer stream,
+        then forget them: call before writing the buffer again."""
+        if self.streams and not simulated():
+            cuda = _cuda()
+            for ptr in self.streams:
+                event = cuda.event(timing=False)
+                event.record(cuda.external_stream(ptr))
+                event.wait(stream)
+        self.streams.clear()
+
+
+class DeviceArray:
+    """A device array produced by ndp on a stream; hand it to any DLPack consumer.
+
+    ``shape``, ``dtype`` and ``ndim`` are those of the array; ``copy_to_host()`` waits for the
+    producing stream and returns a NumPy copy (for tests and inspection, not the hot path).
+    """
+
+    __slots__ = ("_array", "_stream", "_consumers")
+
+    def __init__(self, array: Any, stream: Any, consumers: Consumers) -> None:
+        self._array = array  # cupy.ndarray on a device, numpy.ndarray under the simulator
+        self._stream = stream  # the Numba stream that writes it
+        self._consumers = consumers
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._array.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._array.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self._array.shape)
+
+    def __len__(self) -> int:
+        return self._array.shape[0]
+
+    def __repr__(self) -> str:
+        where = "simulated device" if simulated() else "cuda"
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, on {where})"
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()
+
+    def __dlpack__(self, *, stream: int | None = None, max_version=None, dl_device=None,
+                   copy=None):
+        kwargs = {}
+        if max_version is not None:
+            kwargs["max_version"] = max_version
+        if dl_device is not None:
+            kwargs["dl_device"] = dl_device
+        if copy is not None:
+            kwargs["copy"] = copy
+        if simulated():
+            return self._array.__dlpack__(**kwargs)
+        import cupy
+
+        consumer = LEGACY_DEFAULT_STREAM if stream is None else int(stream)
+        if consumer != NO_SYNC:
+            self._consumers.streams.add(consumer)
+        # CuPy orders the consumer's stream after its *current* stream: make that ours
+        with cupy.cuda.ExternalStream(int(self._stream.handle)):
+            return self._array.__dlpack__(stream=stream, **kwargs)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        if simulated():
+            raise AttributeError("no __cuda_array_interface__ under the CUDA simulator")
+        cai = dict(self._array.__cuda_array_interface__)
+        cai["stream"] = int(self._stream.handle) or LEGACY_DEFAULT_STREAM
+        return cai
+
+    def copy_to_host(self) -> np.ndarray:
+        """A NumPy copy, after the producing stream has finished writing it."""
+        self._stream.synchronize()
+        if simulated():
+            return np.array(self._array)
+        return self._array.get()
+
+
+class Buffer:
+    """One device allocation (made once) and its consumer bookkeeping.
+
+    ``kernel`` is the array kernels take (a Numba device array); ``view(n)`` hands out the first
+    ``n`` rows as a ``DeviceArray``.
+    """
+
+    __slots__ = ("kernel", "_export", "consumers")
+
+    def __init__(self, shape: tuple[int, ...] | int, dtype: Any) -> None:
+        cuda = _cuda()
+        self.kernel = cuda.device_array(shape, dtype=dtype)
+        if simulated():
+            self._export = self.kernel._ary  # the simulator's device array is a NumPy array
+        else:
+            import cupy
+
+            self._export = cupy.asarray(self.kernel)  # zero-copy view of the same memory
+        self.consumers = Consumers()
+
+    def view(self, stream: Any, rows: int | None = None) -> DeviceArray:
+        array = self._export if rows is None else self._export[:rows]
+        return DeviceArray(array, stream, self.consumers)
+
+
+def pinned(shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
+    """Page-locked host memory (plain memory under the simulator), for async copies."""
+    return _cuda().pinned_array(shape, dtype=dtype)
+
+
+def new_stream() -> Any:
+    """A new Numba stream that does not synchronise with the legacy default stream, so ndp's
+    copies and kernels overlap the training job's work (torch runs on that stream unless told
+    otherwise). The CuPy stream that owns it lives as long as the returned object."""
+    cuda = _cuda()
+    if simulated():
+        return cuda.stream()
+    import cupy
+
+    owner = cupy.cuda.Stream(non_blocking=True)
+    stream = cuda.external_stream(owner.ptr)
+    stream.ndp_owner = owner  # keep the CUDA stream alive as long as Numba's handle to it
+    return stream
+
+
+def new_event() -> Any:
+    """An event for ordering only (no timing, which makes record and wait cheaper)."""
+    cuda = _cuda()
+    return cuda.event() if simulated() else cuda.event(timing=False)
+
+
+def device_memory_info() -> tuple[int, int]:
+    """(free, total) bytes of device memory; the simulator's "device" claims 1 GiB."""
+    if simulated():
+        return 1 << 30, 1 << 30
+    free, total = _cuda().current_context().get_memory_info()
+    return int(free), int(total)
