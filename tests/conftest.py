@@ -22,7 +22,9 @@ import os
 import sys
 
 if "NUMBA_ENABLE_CUDASIM" not in os.environ:
-    _HAS_DRIVER = os.path.exists("/proc/driver/nvidia/version")
+    import shutil
+
+    _HAS_DRIVER = os.path.exists("/proc/driver/nvidia/version") or bool(shutil.which("nvidia-smi"))
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0" if _HAS_DRIVER else "1"
 from dataclasses import dataclass, field
 from pathlib import Path

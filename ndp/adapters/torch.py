@@ -32,7 +32,7 @@ def to_torch(batch: PaddedBatch | PackedBatch) -> dict[str, torch.Tensor]:
     """``{"input_ids", "labels", "attention_mask"}`` of a padded batch, or ``{"x", "y"}`` of a
     packed one (``y`` is already shifted: compare it with the logits of ``x`` directly), as
     int64 tensors where the batch lives."""
-    fields = PADDED_FIELDS if isinstance(batch, PaddedBatch) else PACKED_FIELDS
     if not isinstance(batch, (PaddedBatch, PackedBatch)):
         raise TypeError(f"to_torch takes a PaddedBatch or PackedBatch, got {type(batch).__name__}")
+    fields = PADDED_FIELDS if isinstance(batch, PaddedBatch) else PACKED_FIELDS
     return {name: tensor(getattr(batch, name)) for name in fields}

@@ -1,0 +1,129 @@
+"""On a real GPU: the CUDA decoder at sizes that straddle block and grid boundaries, the types
+it launches with, the DLPack handoff to torch and CuPy on their own streams, and a memcheck run
+over hostile input. Skipped (with the reason) where no CUDA device can be used."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ndp.decoder import CpuDecoder
+from ndp.gpu_decode import CudaDecoder
+
+from ndp_test_helpers import build_stream, ramp_mask
+
+pytestmark = pytest.mark.gpu
+
+HOSTILE_RUN = Path(__file__).parent / "kernels" / "hostile_run.py"
+
+
+def big_stream(n_packets: int, seed: int = 0):
+    """``n_packets`` ramp-like packets of 0..1100 tokens, mixed widths and masks, with every
+    seventh packet corrupted; token ``i`` of packet ``k`` is ``(k * 7919 + i) % 60000``."""
+    from ndp.packet import encode_tokens
+
+    rng = np.random.default_rng(seed)
+    packets = []
+    for k in range(n_packets):
+        n = int(rng.integers(0, 1100))
+        tokens = (k * 7919 + np.arange(n)) % 60000
+        width = 2 if k % 3 else 4
+        mask = ramp_mask(n, k) if k % 4 == 1 else None
+        p = bytearray(encode_tokens(tokens, width=width, mask=mask))
+        if k % 7 == 3:
+            p[int(rng.integers(0, len(p)))] ^= 0x10
+        packets.append(bytes(p))
+    return build_stream(packets, header=True)
+
+
+def assert_equal_padded(gpu, cpu):
+    for name in ("input_ids", "labels", "attention_mask", "lengths", "status", "rows"):
+        np.testing.assert_array_equal(getattr(gpu, name).copy_to_host(), getattr(cpu, name),
+                                      err_msg=name)
+    assert gpu.stats == cpu.stats
+
+
+@pytest.mark.parametrize("n_packets", [1, 255, 256, 257, 4097])
+@pytest.mark.parametrize("max_len", [1, 255, 256, 257, 1031])
+def test_padded_at_block_boundaries(n_packets, max_len):
+    stream = big_stream(n_packets, seed=n_packets)
+    dec, cpu = CudaDecoder(), CpuDecoder()
+    for source in (stream.array, dec.resident(stream.array)):
+        assert_equal_padded(dec.decode_padded(source, stream.offsets, max_seq_length=max_len),
+                            cpu.decode_padded(stream.array, stream.offsets, max_seq_length=max_len))
+
+
+@pytest.mark.parametrize("batch_size,seq_len,start", [(1, 1, 0), (64, 1024, 5), (7, 4097, 1000),
+                                                      (None, 2048, 0)])
+def test_packed_at_block_boundaries(batch_size, seq_len, start):
+    stream = big_stream(3000, seed=7)
+    dec, cpu = CudaDecoder(), CpuDecoder()
+    want = cpu.decode_packed(stream.array, stream.offsets, batch_size=batch_size,
+                             seq_len=seq_len, start=start)
+    for source in (stream.array, dec.resident(stream.array)):
+        got = dec.decode_packed(source, stream.offsets, batch_size=batch_size, seq_len=seq_len,
+                                start=start)
+        np.testing.assert_array_equal(got.x.copy_to_host(), want.x)
+        np.testing.assert_array_equal(got.y.copy_to_host(), want.y)
+        assert got.stats == want.stats
+
+
+def test_kernels_launch_only_with_the_signatures_compiled_to_ptx():
+    from numba.core import sigutils
+
+    from ndp.kernels import build_cuda, compact_cuda, crc16_cuda
+
+    stream = big_stream(300)
+    dec = CudaDecoder()
+    dec.decode_padded(stream.array, stream.offsets, max_seq_length=64)
+    dec.decode_packed(dec.resident(stream.array), stream.offsets, batch_size=2, seq_len=64)
+    for module in (crc16_cuda, compact_cuda, build_cuda):
+        for name, (kernel, sigs) in module.SIGNATURES.items():
+            expected = {sigutils.normalize_signature(s)[0] for s in sigs}
+            assert set(kernel.overloads) <= expected, name
+            assert kernel.overloads, f"{name} was never launched"
+
+
+def test_torch_takes_batches_on_its_own_stream():
+    torch = pytest.importorskip("torch")
+    stream = big_stream(500)
+    dec, cpu = CudaDecoder(ring=2), CpuDecoder()
+    want = cpu.decode_padded(stream.array, stream.offsets, max_seq_length=300)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        batch = dec.decode_padded(stream.array, stream.offsets, max_seq_length=300)
+        ids = torch.from_dlpack(batch.input_ids)
+        total = (ids * 3).sum()  # queued on the side stream, ordered after ndp's kernels
+        assert side.cuda_stream in batch.input_ids._consumers.streams
+        # two more batches reuse the ring: the reuse waits for the work queued on `side`
+        dec.decode_padded(stream.array, stream.offsets[:10], max_seq_length=300)
+        dec.decode_padded(stream.array, stream.offsets[:10], max_seq_length=300)
+    side.synchronize()
+    assert ids.is_cuda and ids.dtype == torch.int64
+    assert int(total) == int(want.input_ids.sum()) * 3
+
+
+def test_cupy_takes_batches_through_dlpack():
+    cupy = pytest.importorskip("cupy")
+    stream = big_stream(100)
+    batch = CudaDecoder().decode_packed(stream.array, stream.offsets, batch_size=4, seq_len=128)
+    want = CpuDecoder().decode_packed(stream.array, stream.offsets, batch_size=4, seq_len=128)
+    np.testing.assert_array_equal(cupy.from_dlpack(batch.x).get(), want.x)
+
+
+@pytest.mark.skipif(not shutil.which("compute-sanitizer"), reason="compute-sanitizer not found")
+def test_memcheck_is_clean_on_hostile_input():
+    proc = subprocess.run(
+        ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9", sys.executable,
+         str(HOSTILE_RUN)],
+        capture_output=True, text=True, timeout=1200,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in out
+    assert "equal to the CPU" in out
