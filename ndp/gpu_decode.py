@@ -130,7 +130,6 @@ class CudaDecoder:
             raise ConfigError(f"ring must be >= 2 so copy and compute can overlap, got {ring}")
         from numba import cuda
 
-        self._cuda = cuda
         self.ring = ring
         self.copy_stream = new_stream()
         self.compute_stream = new_stream()
@@ -146,11 +145,9 @@ class CudaDecoder:
         free, _ = device_memory_info()
         self.device_budget = device_budget if device_budget is not None else (free * 3) // 4
         self.resident_bytes = 0
-        self._launch_cache: dict[tuple, tuple[int, int]] = {}
-        if simulated():
-            self._sm_count = 1
-        else:
-            self._sm_count = cuda.get_current_device().MULTIPROCESSOR_COUNT
+        self._launch_cache: dict[tuple, Any] = {}
+        # grids of at most 8 blocks per multiprocessor (1 block under the simulator)
+        self._max_grid = 1 if simulated() else 8 * cuda.get_current_device().MULTIPROCESSOR_COUNT
 
     # ----------------------------------------------------------------------------- residency
     def resident(self, shard: Any, *, name: str = "shard") -> ResidentShard:
@@ -187,8 +184,7 @@ class CudaDecoder:
         crc16_cuda, compact_cuda, build_cuda = _kernels()
         if n:
             self._validate_and_compact(slot, data, n)
-            grid = self._grid("build_padded", n, 1)
-            build_cuda.build_padded_cuda[grid, build_cuda.BUILD_BLOCK, stream](
+            self._launch(build_cuda.build_padded_cuda, n, 1, build_cuda.BUILD_BLOCK)(
                 data, slot.offsets.kernel[:n], slot.rows.kernel, slot.counts.kernel,
                 np.int64(pad_token_id), out["input_ids"].kernel, out["labels"].kernel,
                 out["attention_mask"].kernel, out["lengths"].kernel,
@@ -233,7 +229,7 @@ class CudaDecoder:
         total = 0
         if n:
             self._validate_and_compact(slot, data, n)
-            compact_cuda.token_cum_cuda[1, compact_cuda.SCAN_BLOCK, stream](
+            self._launch(compact_cuda.token_cum_cuda, 1, 1, compact_cuda.SCAN_BLOCK)(
                 data, slot.offsets.kernel[:n], slot.rows.kernel, slot.counts.kernel,
                 slot.cum.kernel, self._tables["width"], self._tables["masked"],
             )
@@ -252,8 +248,8 @@ class CudaDecoder:
             )
         out = self._outputs(slot, "packed", (batch_size, seq_len))
         positions = batch_size * seq_len + 1
-        grid = self._grid("build_packed", positions, build_cuda.BUILD_BLOCK)
-        build_cuda.build_packed_cuda[grid, build_cuda.BUILD_BLOCK, stream](
+        self._launch(build_cuda.build_packed_cuda, positions, build_cuda.BUILD_BLOCK,
+                     build_cuda.BUILD_BLOCK)(
             data, slot.offsets.kernel[:n], slot.rows.kernel, slot.cum.kernel, slot.counts.kernel,
             np.int64(start), out["x"].kernel[:batch_size], out["y"].kernel[:batch_size],
             self._tables["width"], self._tables["masked"],
@@ -364,15 +360,14 @@ class CudaDecoder:
 
     def _validate_and_compact(self, slot: _Slot, data: Any, n: int) -> None:
         crc16_cuda, compact_cuda, _ = _kernels()
-        stream = self.compute_stream
         limits = slot.limits.kernel[:n] if slot.use_limits else self._no_limits
-        grid = self._grid("validate", n, crc16_cuda.VALIDATE_BLOCK)
-        crc16_cuda.validate_packets_cuda[grid, crc16_cuda.VALIDATE_BLOCK, stream](
+        self._launch(crc16_cuda.validate_packets_cuda, n, crc16_cuda.VALIDATE_BLOCK,
+                     crc16_cuda.VALIDATE_BLOCK)(
             data, slot.offsets.kernel[:n], limits, slot.status.kernel[:n],
             self._tables["crc"], self._tables["width"], self._tables["masked"],
             self._tables["skip"],
         )
-        compact_cuda.compact_cuda[1, compact_cuda.SCAN_BLOCK, stream](
+        self._launch(compact_cuda.compact_cuda, 1, 1, compact_cuda.SCAN_BLOCK)(
             slot.status.kernel[:n], slot.row_of_packet.kernel[:n], slot.rows.kernel[:n],
             slot.counts.kernel,
         )
@@ -390,18 +385,17 @@ class CudaDecoder:
         slot.pending = pending
         return pending
 
-    def _grid(self, kernel: str, items: int, per_block: int) -> int:
-        """Blocks for ``items`` units of work: enough to fill the device a few times over,
-        never more than the work (grid-stride loops cover the rest); cached per size."""
-        key = (kernel, items, per_block)
-        grid = self._launch_cache.get(key)
-        if grid is None:
-            waves = 1 if simulated() else 8 * self._sm_count
-            grid = max(1, min(math.ceil(items / per_block), waves))
-            if len(self._launch_cache) > 4096:
-                self._launch_cache.clear()
-            self._launch_cache[key] = grid
-        return grid
+    def _launch(self, kernel: Any, items: int, per_block: int, block: int) -> Any:
+        """``kernel`` configured for ``items`` units of work (``per_block`` per block) on the
+        compute stream: enough blocks to fill the device a few times over, never more than the
+        work (grid-stride loops cover the rest). Configured launchers are cached, so a steady
+        loop of equal-sized batches builds no launch configuration after the first."""
+        grid = max(1, min(math.ceil(items / per_block), self._max_grid))
+        key = (kernel, grid, block)
+        launcher = self._launch_cache.get(key)
+        if launcher is None:
+            launcher = self._launch_cache[key] = kernel[grid, block, self.compute_stream]
+        return launcher
 
 
 def _stats(counts: np.ndarray, n: int) -> DecodeStats:

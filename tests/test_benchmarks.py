@@ -1,0 +1,32 @@
+"""The benchmark scripts run (tiny sizes), so they cannot rot on machines without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_gpu_benchmark_smoke_run_under_the_simulator(tmp_path):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_gpu.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("sim-*.json")
+    report = json.loads(result.read_text())
+    assert report["device"]["simulated"] is True
+    expected = {f"{mode}_{layout}" for mode in ("gpu_host", "gpu_resident", "cpu_copy")
+                for layout in ("padded", "packed")}
+    assert set(report["results"]) == expected
+    tokens = {name: row["tokens"] for name, row in report["results"].items()}
+    # every pipeline delivered the same tokens: 24 packets of 16 tokens, padded; packed cuts
+    # each 8-packet chunk's 128-token stream into 7 whole windows of 16 (+1 for the last y)
+    assert {tokens[f"{m}_padded"] for m in ("gpu_host", "gpu_resident", "cpu_copy")} == {384}
+    assert {tokens[f"{m}_packed"] for m in ("gpu_host", "gpu_resident", "cpu_copy")} == {336}
+    for row in report["results"].values():
+        assert row["batches"] == 3 and row["next_p50_us"] > 0
+    assert "versions" in report["machine"] and report["config"]["packets"] == 24
