@@ -19,7 +19,8 @@ from __future__ import annotations
 from numba import cuda, int64
 
 from ndp.backend import simulated
-from ndp.format import HEADER_BYTES, IGNORE_INDEX, MASK_COUNT_BYTES, DropReason
+from ndp.format import IGNORE_INDEX, DropReason
+from ndp.kernels.build import in_loss, token_at, token_layout
 
 OK = int(DropReason.OK)
 #: threads per block of the build kernels (fewer under the simulator, where threads are slow)
@@ -37,40 +38,19 @@ STREAM_TOTAL_SLOT = 10
 COUNT_SLOTS = 16
 
 
-@cuda.jit(device=True)
-def token_layout_dev(shard, off, width_table, masked_table):  # pragma: no cover - compiled
-    """(n_tokens, first token byte, first mask byte or -1, width), as ``token_layout``."""
-    typ = shard[off + 3]
-    width = int64(width_table[typ])
-    length = (int64(shard[off + 4]) << 8) | int64(shard[off + 5])
-    p = off + HEADER_BYTES
-    if masked_table[typ] != 0:
-        n = (int64(shard[p]) << 8) | int64(shard[p + 1])
-        tok = p + MASK_COUNT_BYTES
-        return n, tok, tok + n * width, width
-    return length // width, p, int64(-1), width
-
-
-@cuda.jit(device=True, inline=True)
-def token_at_dev(shard, tok, t, width):  # pragma: no cover - compiled
-    """Token ``t`` of a payload whose tokens start at byte ``tok`` (big-endian)."""
-    p = tok + t * width
-    if width == 4:
-        return (
-            (int64(shard[p]) << 24)
-            | (int64(shard[p + 1]) << 16)
-            | (int64(shard[p + 2]) << 8)
-            | int64(shard[p + 3])
-        )
-    return (int64(shard[p]) << 8) | int64(shard[p + 1])
+# The CPU reference's own Python source, compiled for the device: one definition, two targets.
+#: (n_tokens, first token byte, first mask byte or -1, width) of a valid token packet
+token_layout_dev = cuda.jit(device=True)(token_layout.py_func)
+#: token ``t`` of a payload whose tokens start at byte ``tok`` (big-endian)
+token_at_dev = cuda.jit(device=True, inline=True)(token_at.py_func)
+#: whether token ``t`` is a training target (mask bit 1, or no mask at ``mask == -1``)
+in_loss_dev = cuda.jit(device=True, inline=True)(in_loss.py_func)
 
 
 @cuda.jit(device=True, inline=True)
 def label_of_dev(shard, mask, t, value):  # pragma: no cover - compiled
     """``value`` if token ``t`` is a training target (mask bit 1, or no mask), else -100."""
-    if mask < 0:
-        return value
-    if ((int64(shard[mask + t // 8]) >> (t % 8)) & 1) == 1:
+    if in_loss_dev(shard, mask, t):
         return value
     return int64(IGNORE_INDEX)
 

@@ -1,5 +1,8 @@
 """CRC-16/CCITT-FALSE and per-packet validation on the device, beside its CPU reference
 (``crc16.py``), which it must equal bit for bit: the same verdict, in the same order of checks.
+The CRC loop and the payload checks are the reference's own functions compiled for the device;
+only the framing check is written again here, because on the device a packet's shard may end
+before the buffer does (``limits``, for staged packets).
 
 One thread validates one packet (grid-stride, so a small grid covers any number of packets and
 the simulator stays fast). Each block first copies the eight slice-by-8 tables (8 KB) into
@@ -15,44 +18,24 @@ from __future__ import annotations
 from numba import cuda, int64, uint8, uint32
 
 from ndp.backend import simulated
-from ndp.format import FRAME_BYTES, HEADER_BYTES, MASK_COUNT_BYTES, SYNC, DropReason
+from ndp.format import FRAME_BYTES, HEADER_BYTES, SYNC, DropReason
+from ndp.kernels.crc16 import crc16_update, payload_status
 
 OK = int(DropReason.OK)
 BAD_SYNC = int(DropReason.BAD_SYNC)
 TRUNCATED = int(DropReason.TRUNCATED)
 BAD_CRC = int(DropReason.BAD_CRC)
-BAD_LENGTH = int(DropReason.BAD_LENGTH)
 
 #: threads per block of ``validate_packets_cuda`` (fewer under the simulator, where each
 #: simulated thread costs about half a millisecond)
 VALIDATE_BLOCK = 16 if simulated() else 128
 
 
-@cuda.jit(device=True, inline=True)
-def crc16_update_dev(crc, buf, start, stop, tables):  # pragma: no cover - compiled
-    """CRC-16 state ``crc`` advanced over ``buf[start:stop]`` (slice-by-8, tables (8, 256))."""
-    crc = uint32(crc)
-    i = start
-    stop8 = start + ((stop - start) // 8) * 8
-    while i < stop8:
-        x0 = (uint32(buf[i]) ^ (crc >> uint32(8))) & uint32(0xFF)
-        x1 = (uint32(buf[i + 1]) ^ crc) & uint32(0xFF)
-        crc = (
-            tables[7, x0]
-            ^ tables[6, x1]
-            ^ tables[5, buf[i + 2]]
-            ^ tables[4, buf[i + 3]]
-            ^ tables[3, buf[i + 4]]
-            ^ tables[2, buf[i + 5]]
-            ^ tables[1, buf[i + 6]]
-            ^ tables[0, buf[i + 7]]
-        )
-        i += 8
-    while i < stop:
-        idx = ((crc >> uint32(8)) ^ uint32(buf[i])) & uint32(0xFF)
-        crc = ((crc << uint32(8)) & uint32(0xFFFF)) ^ tables[0, idx]
-        i += 1
-    return crc
+# The CPU reference's own Python source, compiled for the device: one definition, two targets.
+#: CRC-16 state ``crc`` advanced over ``buf[start:stop]`` (slice-by-8, tables (8, 256))
+crc16_update_dev = cuda.jit(device=True, inline=True)(crc16_update.py_func)
+#: payload verdict for a well-framed packet: OK, BAD_LENGTH, NOT_TOKENS or UNKNOWN_TYPE
+payload_status_dev = cuda.jit(device=True)(payload_status.py_func)
 
 
 @cuda.jit(device=True)
@@ -71,27 +54,6 @@ def frame_status_dev(shard, off, limit, tables):  # pragma: no cover - compiled
     stored = (uint32(shard[end]) << uint32(8)) | uint32(shard[end + 1])
     if crc16_update_dev(uint32(0xFFFF), shard, off, end, tables) != stored:
         return uint8(BAD_CRC)
-    return uint8(OK)
-
-
-@cuda.jit(device=True)
-def payload_status_dev(shard, off, width_table, masked_table, skip_table):  # pragma: no cover
-    """Payload verdict for a well-framed packet: OK, BAD_LENGTH, NOT_TOKENS or UNKNOWN_TYPE."""
-    typ = shard[off + 3]
-    skip = skip_table[typ]
-    if skip != 0:
-        return uint8(skip)
-    length = (int64(shard[off + 4]) << 8) | int64(shard[off + 5])
-    width = int64(width_table[typ])
-    if masked_table[typ] != 0:
-        if length < MASK_COUNT_BYTES:
-            return uint8(BAD_LENGTH)
-        p = off + HEADER_BYTES
-        n = (int64(shard[p]) << 8) | int64(shard[p + 1])
-        if length != MASK_COUNT_BYTES + n * width + (n + 7) // 8:
-            return uint8(BAD_LENGTH)
-    elif length % width != 0:
-        return uint8(BAD_LENGTH)
     return uint8(OK)
 
 
