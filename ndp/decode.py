@@ -189,7 +189,16 @@ class PackedBatch:
 
 
 class StreamExhausted(ConfigError):
-    """The packets hold fewer tokens than the requested windows need."""
+    """The packets hold fewer tokens than the requested windows need.
+
+    ``stream_tokens`` is how many they hold; ``status`` the DropReason of each packet (host
+    array), so a caller can account for them."""
+
+    def __init__(self, message: str, *, stream_tokens: int = 0,
+                 status: np.ndarray | None = None) -> None:
+        super().__init__(message)
+        self.stream_tokens = stream_tokens
+        self.status = np.zeros(0, np.uint8) if status is None else status
 
 
 def decode_packed(
@@ -229,7 +238,7 @@ def decode_packed(
     if start < 0 or batch_size < 1 or need > total:
         raise StreamExhausted(
             f"windows from token {start} need {max(need, start + seq_len + 1)} tokens, "
-            f"the valid packets hold {total}"
+            f"the valid packets hold {total}", stream_tokens=total, status=status.copy(),
         )
     if out is None:
         x = np.empty((batch_size, seq_len), np.int64)

@@ -242,9 +242,10 @@ class CudaDecoder:
         need = start + batch_size * seq_len + 1
         if start < 0 or batch_size < 1 or need > total:
             self._finish(slot, n)
+            status = slot.status.view(stream, n).copy_to_host() if n else np.zeros(0, np.uint8)
             raise StreamExhausted(
                 f"windows from token {start} need {max(need, start + seq_len + 1)} tokens, "
-                f"the valid packets hold {total}"
+                f"the valid packets hold {total}", stream_tokens=total, status=status,
             )
         out = self._outputs(slot, "packed", (batch_size, seq_len))
         positions = batch_size * seq_len + 1

@@ -198,13 +198,19 @@ def load_index(shard: Shard, *, on_stale: str = "rebuild") -> Index:
     ``on_stale="rebuild"`` (default) scans the shard when the sidecar is missing or does not
     match (a warning says so; nothing is written); ``"error"`` raises ``IndexMismatchError``.
     """
+    return load_index_and_scan(shard, on_stale=on_stale)[0]
+
+
+def load_index_and_scan(shard: Shard, *, on_stale: str = "rebuild") -> tuple[Index, ScanResult | None]:
+    """As ``load_index``, and the framing scan's result when one was needed (its corrupt
+    regions are the packets the index no longer lists), else ``None``."""
     if on_stale not in ("rebuild", "error"):
         raise ValueError(f"on_stale must be 'rebuild' or 'error', got {on_stale!r}")
     path = shard.index_path
     try:
         index = read_index(path)
         check_index(index, shard, index_path=path)
-        return index
+        return index, None
     except FileNotFoundError:
         if on_stale == "error":
             raise IndexMismatchError(
@@ -215,9 +221,9 @@ def load_index(shard: Shard, *, on_stale: str = "rebuild") -> Index:
         if on_stale == "error":
             raise
         problem = str(err)
-    warnings.warn(f"{problem}; scanning the shard instead", stacklevel=2)
+    warnings.warn(f"{problem}; scanning the shard instead", stacklevel=3)
     result = scan_shard(shard)
-    return Index(result.entries, shard.size, shard.crc32(), shard.header.data_offset)
+    return Index(result.entries, shard.size, shard.crc32(), shard.header.data_offset), result
 
 
 def build_index(shard: Shard) -> tuple[Index, ScanResult]:

@@ -1,0 +1,101 @@
+"""A corpus: the shards a batch source reads, their indexes, and one packet numbering.
+
+Packets are numbered globally in shard order (shards sorted by name inside a directory): packet
+``g`` is packet ``g - base[s]`` of shard ``s``. Orders, rank splits and resume states are
+written in these numbers, so they do not depend on which backend decodes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ndp.errors import ConfigError
+from ndp.format import MASK_COUNT_BYTES, SHARD_SUFFIX, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
+from ndp.index import Corruption, load_index_and_scan
+from ndp.shard import Shard
+
+PathLike = str | os.PathLike
+
+
+def shard_paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
+    """Shards named directly, or every ``*.ndp`` inside a directory (sorted by name)."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    out: list[Path] = []
+    for p in map(Path, items):
+        if p.is_dir():
+            found = sorted(p.glob(f"*{SHARD_SUFFIX}"))
+            if not found:
+                raise ConfigError(f"{p}: no *{SHARD_SUFFIX} shards in this directory; convert "
+                                  f"data first (ndp convert)")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise ConfigError(f"{p}: no such shard or directory")
+    return out
+
+
+def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
+    """Token count of each packet with payload ``length`` and TYP ``typ``, as a valid packet of
+    that layout holds (0 for TYPs that carry no tokens)."""
+    length = length.astype(np.int64)
+    width = TYP_WIDTH_TABLE[typ].astype(np.int64)
+    masked = TYP_MASKED_TABLE[typ] != 0
+    plain = np.where(width > 0, length // np.maximum(width, 1), 0)
+    # masked: LEN = 2 + N*w + ceil(N/8); N is the floor below or the one after it
+    body = np.maximum(length - MASK_COUNT_BYTES, 0)
+    n0 = (8 * body) // np.maximum(8 * width + 1, 1)
+    fits = MASK_COUNT_BYTES + (n0 + 1) * width + (n0 + 8) // 8 <= length
+    n_masked = n0 + fits
+    return np.where(masked, n_masked, plain)
+
+
+class Corpus:
+    """Shards opened (memory-mapped) with their verified indexes.
+
+    ``on_stale`` is passed to ``load_index``: "rebuild" rescans a shard whose sidecar index
+    does not match it (with a warning), "error" refuses it.
+    """
+
+    def __init__(self, paths: PathLike | Sequence[PathLike], *, on_stale: str = "rebuild"):
+        self.paths = shard_paths(paths)
+        if not self.paths:
+            raise ConfigError("no shards given")
+        self.shards = [Shard(p) for p in self.paths]
+        self.indexes = []
+        #: (shard path, region) for every corrupt region a framing scan found while rebuilding a
+        #: stale or missing index: damage the index no longer lists as packets
+        self.corruption: list[tuple[Path, Corruption]] = []
+        for shard in self.shards:
+            index, scan = load_index_and_scan(shard, on_stale=on_stale)
+            self.indexes.append(index)
+            if scan is not None:
+                self.corruption.extend((shard.path, c) for c in scan.corrupt)
+        sizes = np.array([len(i) for i in self.indexes], np.int64)
+        self.base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.n_packets = int(self.base[-1])
+        entries = [i.entries for i in self.indexes]
+        self.offsets = np.concatenate([e["offset"].astype(np.int64) for e in entries]) \
+            if entries else np.zeros(0, np.int64)
+        self.src = np.concatenate([e["src"] for e in entries])
+        self.tokens = np.concatenate([tokens_of(e["length"], e["typ"]) for e in entries])
+
+    def __len__(self) -> int:
+        return self.n_packets
+
+    def shard_of(self, packets: np.ndarray) -> np.ndarray:
+        """Shard number of each global packet number."""
+        return np.searchsorted(self.base, packets, side="right") - 1
+
+    def close(self) -> None:
+        for shard in self.shards:
+            close = getattr(shard, "close", None)
+            if close is not None:
+                close()
+
+    def __repr__(self) -> str:
+        return f"Corpus({len(self.shards)} shards, {self.n_packets} packets)"

@@ -1,0 +1,426 @@
+"""``ndp.Loader``: whole training batches, decoded ahead of use, on the GPU where there is one.
+
+    loader = ndp.Loader("data/", mode="packed", batch_size=8, seq_len=1024, seed=0)
+    for epoch in range(3):
+        for batch in loader:            # one epoch of this rank's share
+            loss = model(batch["x"], batch["y"])
+        state = loader.state_dict()     # small, JSON-serialisable; resume with load_state_dict
+
+Modes:
+
+* ``padded`` (SFT): each batch holds the valid packets among the next ``batch_size`` packets of
+  this rank's order, one row each, padded to ``seq_len``: ``input_ids``, ``labels`` (-100 at
+  padding and masked prompt tokens), ``attention_mask``. A corrupt packet makes its batch one row
+  shorter (counted in ``stats``) instead of pulling a packet forward from the next batch, so every
+  batch depends only on its place in the order: resume and rank splits stay exact.
+* ``packed`` (pretraining): the valid tokens of this rank's packets, in order, form one stream;
+  each batch is ``batch_size`` windows of ``seq_len + 1`` tokens split into ``x`` and ``y``
+  (llm.c layout; ``y`` is -100 where a token's loss-mask bit is 0). Windows run across packet and
+  shard boundaries; the tokens left over at the end of an epoch (less than one batch) are not
+  used, and counted.
+
+Order, rank split and CRC-Drop are ``ndp.order``'s: seeded, a new order every epoch, every packet
+once per epoch across ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``).
+
+Prefetch: a producer thread stages and decodes up to ``prefetch`` batches ahead into a bounded
+queue. An exception in it is raised by the consumer's ``next()`` (with the producer's traceback
+chained); ``close()``, leaving the ``with`` block, breaking out of the loop or dropping the last
+reference stops the thread. Batches alias the decoder's ring buffers: a batch stays valid until
+the consumer has taken ``prefetch + 1`` more (``.clone()`` what must live longer).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ndp.corpus import Corpus
+from ndp.decode import StreamExhausted
+from ndp.decoder import Decoder
+from ndp.errors import ConfigError
+from ndp.format import DropReason
+from ndp.kernels.stage import gather_packets, staged_size
+from ndp.order import drop_mask, epoch_order, rank_and_world, rank_share
+from ndp.progress import progress_bar
+
+MODES = ("padded", "packed")
+STATE_VERSION = 1
+
+
+@dataclass
+class LoaderStats:
+    """What the loader has delivered so far (consumer side)."""
+
+    batches: int = 0
+    packets: int = 0  # packets of this rank's order taken into batches
+    valid: int = 0
+    corrupt: dict[str, int] = field(default_factory=dict)  # DropReason name -> count
+    dropped_on_purpose: int = 0  # CRC-Drop
+    tokens: int = 0  # tokens delivered (x tokens in packed mode)
+    truncated_tokens: int = 0  # padded rows cut at seq_len
+    unused_tokens: int = 0  # packed: stream tokens left at epoch ends
+    wait_seconds: float = 0.0  # consumer time blocked on the producer
+    # damage found when a stale index was rebuilt (those bytes are no packets in the index)
+    corrupt_regions: int = 0
+    corrupt_bytes: int = 0
+
+    def add(self, other: dict) -> None:
+        for key in ("packets", "valid", "dropped_on_purpose", "tokens", "truncated_tokens",
+                    "unused_tokens"):
+            setattr(self, key, getattr(self, key) + other.get(key, 0))
+        for name, n in other.get("corrupt", {}).items():
+            self.corrupt[name] = self.corrupt.get(name, 0) + n
+
+    def as_dict(self) -> dict:
+        return {
+            "batches": self.batches, "packets": self.packets, "valid": self.valid,
+            "corrupt": dict(self.corrupt), "dropped_on_purpose": self.dropped_on_purpose,
+            "tokens": self.tokens, "truncated_tokens": self.truncated_tokens,
+            "unused_tokens": self.unused_tokens, "wait_seconds": round(self.wait_seconds, 6),
+            "corrupt_regions": self.corrupt_regions, "corrupt_bytes": self.corrupt_bytes,
+        }
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_EPOCH_END = object()  # the producer's last item of an epoch
+
+
+class Loader:
+    """Batches from NDP shards; see the module docstring for modes, order and validity."""
+
+    def __init__(
+        self,
+        data: str | os.PathLike | Sequence[str | os.PathLike] | Corpus,
+        *,
+        batch_size: int,
+        seq_len: int,
+        mode: str = "padded",
+        pad_token_id: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        crc_drop_rate: float = 0.0,
+        backend: str = "auto",
+        resident: bool = False,
+        device_budget: int | None = None,
+        prefetch: int = 2,
+        output: str = "torch",
+        progress: bool = False,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        if batch_size < 1 or seq_len < 1:
+            raise ConfigError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
+        if prefetch < 0:
+            raise ConfigError(f"prefetch must be >= 0, got {prefetch}")
+        if output not in ("torch", "arrays"):
+            raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
+        drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
+        self.corpus = data if isinstance(data, Corpus) else Corpus(data)
+        self.mode, self.batch_size, self.seq_len = mode, batch_size, seq_len
+        self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
+        self.rank, self.world_size = rank_and_world(rank, world_size)
+        self.crc_drop_rate, self.prefetch, self.output = crc_drop_rate, prefetch, output
+        self.progress = progress
+        self.decoder = Decoder(backend=backend, ring=prefetch + 3, device_budget=device_budget)
+        self.backend = self.decoder.backend
+        self._source = self._make_resident() if resident else None
+        self._state = {"epoch": 0, "pos": 0, "tok": 0}
+        self.stats = LoaderStats(
+            corrupt_regions=len(self.corpus.corruption),
+            corrupt_bytes=sum(c.length for _, c in self.corpus.corruption),
+        )
+        self._share_cache: tuple[int, np.ndarray, int] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._queue: queue.Queue | None = None
+        self._buffer = np.empty(0, np.uint8)
+
+    # ----------------------------------------------------------------------- state / resume
+    def state_dict(self) -> dict:
+        """Where the consumer is: the next batch after ``load_state_dict`` of this is the one
+        the consumer would have received next. Small and JSON-serialisable."""
+        return {"version": STATE_VERSION, "mode": self.mode, "seed": self.seed,
+                "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
+                "batch_size": self.batch_size, "seq_len": self.seq_len,
+                "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
+                **self._state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from ``state_dict``); ``ConfigError`` if it was made for
+        another configuration or corpus, since its positions would mean other packets."""
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"loader state version {state.get('version')} is not "
+                              f"{STATE_VERSION}")
+        mine = self.state_dict()
+        for key in ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
+                    "crc_drop_rate", "n_packets"):
+            if state.get(key) != mine[key]:
+                raise ConfigError(f"loader state has {key}={state.get(key)!r}, this loader "
+                                  f"{mine[key]!r}; resume with the same settings and shards")
+        self._stop_producer()
+        self._state = {"epoch": int(state["epoch"]), "pos": int(state["pos"]),
+                       "tok": int(state["tok"])}
+
+    @property
+    def epoch(self) -> int:
+        return self._state["epoch"]
+
+    # ----------------------------------------------------------------------------- iterate
+    def __iter__(self) -> Iterator[dict]:
+        """The rest of the current epoch; the next ``iter()`` starts the next epoch."""
+        self._start_producer()
+        bar = progress_bar(total=None, desc=f"ndp epoch {self.epoch}", enabled=self.progress,
+                           unit="batch")
+        try:
+            with bar:
+                while True:
+                    t = time.perf_counter()
+                    item = self._get()
+                    self.stats.wait_seconds += time.perf_counter() - t
+                    batch, state, counted = item
+                    if batch is _EPOCH_END:
+                        self._state = state
+                        self.stats.add(counted)
+                        self._thread.join()
+                        self._thread = None
+                        return
+                    self._state = state
+                    self.stats.batches += 1
+                    self.stats.add(counted)
+                    bar.update(1)
+                    yield batch
+        finally:
+            if self._thread is not None:  # left early (break, exception, garbage collection)
+                self._stop_producer()
+
+    def _get(self) -> Any:
+        while True:
+            try:
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("ndp loader: the producer thread ended without a result")
+                continue
+            if isinstance(item, _Failure):
+                self._thread.join()
+                self._thread = None
+                raise item.exc
+            return item
+
+    def close(self) -> None:
+        """Stop the producer thread (idempotent)."""
+        self._stop_producer()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._stop_producer()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def _start_producer(self) -> None:
+        self._stop_producer()
+        self._stop.clear()
+        self._queue = queue.Queue(maxsize=max(1, self.prefetch))
+        start = dict(self._state)
+        self._thread = threading.Thread(target=self._run, args=(start, self._queue, self._stop),
+                                        name="ndp-loader", daemon=True)
+        self._thread.start()
+
+    def _stop_producer(self) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop.set()
+        while thread.is_alive():
+            try:  # unblock a producer waiting on a full queue
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            thread.join(timeout=0.05)
+        self._thread = None
+
+    def _run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            for item in self._batches(state):
+                if stop.is_set() or not put(item):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(_Failure(exc))
+
+    # --------------------------------------------------------------------------- producing
+    def _share(self, epoch: int) -> tuple[np.ndarray, int]:
+        """This rank's packets of ``epoch`` after CRC-Drop, and how many CRC-Drop removed."""
+        if self._share_cache is not None and self._share_cache[0] == epoch:
+            return self._share_cache[1], self._share_cache[2]
+        within = "permute" if self.mode == "padded" else "phase"
+        order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                            within=within)
+        share = rank_share(order, self.rank, self.world_size)
+        dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
+                            rate=self.crc_drop_rate)
+        kept = share[~dropped[share]]
+        self._share_cache = (epoch, kept, int(share.shape[0] - kept.shape[0]))
+        return kept, self._share_cache[2]
+
+    def _batches(self, state: dict) -> Iterator[tuple[Any, dict, dict]]:
+        """(batch, state after it, what it counted) for the rest of ``state``'s epoch, then
+        (_EPOCH_END, the next epoch's start, what the epoch's end counted)."""
+        epoch, pos, tok = state["epoch"], state["pos"], state["tok"]
+        share, n_dropped = self._share(epoch)
+        pending = {"dropped_on_purpose": n_dropped} if pos == 0 and tok == 0 else {}
+        gen = self._padded(share, pos) if self.mode == "padded" else self._packed(share, pos, tok)
+        tail: dict = {}
+        for batch, where, counted in gen:
+            if batch is _EPOCH_END:
+                tail = counted
+                break
+            counted.update(pending)
+            pending = {}
+            yield self._convert(batch), {"epoch": epoch, **where}, counted
+        tail.update(pending)
+        yield _EPOCH_END, {"epoch": epoch + 1, "pos": 0, "tok": 0}, tail
+
+    def _padded(self, share: np.ndarray, pos: int):
+        B = self.batch_size
+        while pos < share.shape[0]:
+            packets = share[pos: pos + B]
+            source, offsets = self._stage(packets)
+            batch = self.decoder.decode_padded(source, offsets, max_seq_length=self.seq_len,
+                                               pad_token_id=self.pad_token_id)
+            pos += packets.shape[0]
+            s = batch.stats
+            yield ({"input_ids": batch.input_ids, "labels": batch.labels,
+                    "attention_mask": batch.attention_mask},
+                   {"pos": pos, "tok": 0},
+                   {"packets": s.packets, "valid": s.valid, "corrupt": s.dropped,
+                    "tokens": s.tokens, "truncated_tokens": s.truncated_tokens})
+        yield _EPOCH_END, {}, {}
+
+    def _packed(self, share: np.ndarray, pos: int, tok: int):
+        """Windows over the stream of ``share[pos:]``'s valid tokens, from token ``tok`` of it.
+
+        Each batch decodes the packets that (by their index lengths) hold the next B*T + 1
+        tokens, more if corrupt ones held fewer; afterwards ``pos`` moves past the packets the
+        next window no longer needs, so the state stays a small (packet, token) pair."""
+        B, T = self.batch_size, self.seq_len
+        need = B * T + 1
+        tokens = self.corpus.tokens
+        n = share.shape[0]
+        counted_upto = pos  # packets before this were counted by an earlier batch
+        while True:
+            cum = np.cumsum(tokens[share[pos:]])
+            q = pos + int(np.searchsorted(cum, tok + need)) + 1
+            while True:
+                q = min(q, n)
+                source, offsets = self._stage(share[pos:q])
+                try:
+                    batch = self.decoder.decode_packed(source, offsets, batch_size=B,
+                                                       seq_len=T, start=tok)
+                    break
+                except StreamExhausted as exc:
+                    if q < n:
+                        q += max(8, (q - pos) // 4)  # corrupt packets held fewer tokens
+                        continue
+                    tail = _count(exc.status[counted_upto - pos:])
+                    tail["unused_tokens"] = max(exc.stream_tokens - tok, 0)
+                    yield _EPOCH_END, {}, tail
+                    return
+            status = batch.status if isinstance(batch.status, np.ndarray) \
+                else batch.status.copy_to_host()
+            counted = _count(status[counted_upto - pos:])
+            counted_upto = q
+            counted["tokens"] = B * T
+            tok += B * T
+            # rebase: skip the packets that end before the next window's first token
+            run = np.cumsum(np.where(status == DropReason.OK, tokens[share[pos:q]], 0))
+            skip = int(np.searchsorted(run, tok, side="right"))
+            if skip:
+                tok -= int(run[skip - 1])
+                pos += skip
+            yield {"x": batch.x, "y": batch.y}, {"pos": pos, "tok": tok}, counted
+
+    def _convert(self, batch: dict) -> dict:
+        if self.output == "arrays":
+            return batch
+        from ndp.adapters.torch import tensor
+
+        return {name: tensor(array) for name, array in batch.items()}
+
+    # ----------------------------------------------------------------------------- staging
+    def _stage(self, packets: np.ndarray) -> tuple[Any, np.ndarray]:
+        """(source, offsets) for the decoder: the resident corpus with global byte offsets, or
+        the packets gathered from their shards into one host buffer."""
+        if self._source is not None:
+            return self._source, self._resident_offsets[packets]
+        corpus = self.corpus
+        shard_ids = corpus.shard_of(packets)
+        offsets = corpus.offsets[packets]
+        if packets.shape[0] == 0 or (shard_ids == shard_ids[0]).all():  # one shard: no gather
+            return corpus.shards[int(shard_ids[0]) if packets.shape[0] else 0].data, offsets
+        sizes = np.empty(packets.shape[0], np.int64)
+        bounds = np.flatnonzero(np.diff(shard_ids)) + 1
+        starts = np.concatenate([[0], bounds])
+        stops = np.concatenate([bounds, [packets.shape[0]]])
+        total = 0
+        for a, b in zip(starts, stops):
+            total += staged_size(corpus.shards[shard_ids[a]].data, offsets[a:b], sizes[a:b])
+        if self._buffer.shape[0] < total:
+            self._buffer = np.empty(max(total, 2 * self._buffer.shape[0]), np.uint8)
+        new_offsets = np.empty_like(offsets)
+        limits = np.empty_like(offsets)
+        at = 0
+        for a, b in zip(starts, stops):
+            part = int(sizes[a:b].sum())
+            gather_packets(corpus.shards[shard_ids[a]].data, offsets[a:b], sizes[a:b],
+                           self._buffer[at: at + part], new_offsets[a:b], limits[a:b])
+            new_offsets[a:b][new_offsets[a:b] >= 0] += at
+            at += part
+        return self._buffer[:total], new_offsets
+
+    def _make_resident(self) -> Any:
+        corpus = self.corpus
+        sizes = [int(s.data.shape[0]) for s in corpus.shards]
+        byte_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        whole = np.empty(int(byte_base[-1]), np.uint8)
+        for s, shard in enumerate(corpus.shards):
+            whole[byte_base[s]: byte_base[s + 1]] = shard.data
+        self._resident_offsets = corpus.offsets + byte_base[corpus.shard_of(
+            np.arange(corpus.n_packets))]
+        return self.decoder.resident(whole, name=f"corpus of {len(corpus.shards)} shards")
+
+
+def _count(status: np.ndarray) -> dict:
+    """Counts for the packets of ``status`` (those not counted by an earlier batch)."""
+    codes = np.bincount(status, minlength=len(DropReason))
+    return {"packets": int(status.shape[0]), "valid": int(codes[DropReason.OK]),
+            "corrupt": {DropReason(c).name: int(k) for c, k in enumerate(codes)
+                        if c != DropReason.OK and k}}

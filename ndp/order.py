@@ -1,0 +1,82 @@
+"""The order packets are read in: seeded, per epoch, split across ranks; and CRC-Drop.
+
+Everything here is a pure function of (seed, epoch, rank, world size) and the shard sizes, so a
+resumed run recomputes exactly the order it left and every rank computes its share without
+talking to the others.
+
+* ``shuffle=True``: a new permutation of the shards each epoch; inside each shard the packets
+  are read from a random phase (a rotation, so a pretraining stream keeps its documents'
+  order) or, with ``within="permute"``, in a fresh permutation (SFT rows).
+* ranks: rank ``r`` of ``W`` takes every W-th packet of the epoch's order, starting at ``r``;
+  every packet is seen exactly once per epoch across the ranks, no two ranks share one, and the
+  ranks' counts differ by at most one.
+* CRC-Drop (``crc_drop_rate``): a seeded fraction of packets is dropped on purpose each epoch,
+  decided per packet number (the same packets whatever the rank split), counted apart from
+  real corruption.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ndp.errors import ConfigError
+
+_ORDER_STREAM = 0x0D3E
+_DROP_STREAM = 0xC4C0
+
+
+def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """Explicit values, else ``RANK`` / ``WORLD_SIZE`` from the environment, else (0, 1)."""
+    if rank is None:
+        rank = int(os.environ.get("RANK", 0))
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return rank, world_size
+
+
+def epoch_order(
+    base: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    within: str = "phase",
+) -> np.ndarray:
+    """Global packet numbers of one epoch, all ranks together (``base``: the corpus' shard
+    starts with the total appended)."""
+    if within not in ("phase", "permute"):
+        raise ConfigError(f"within must be 'phase' or 'permute', got {within!r}")
+    n_shards = base.shape[0] - 1
+    if not shuffle:
+        return np.arange(base[-1], dtype=np.int64)
+    rng = np.random.Generator(np.random.PCG64([seed, epoch, _ORDER_STREAM]))
+    parts = []
+    for s in rng.permutation(n_shards):
+        n = int(base[s + 1] - base[s])
+        if n == 0:
+            continue
+        if within == "permute":
+            local = rng.permutation(n)
+        else:
+            local = np.roll(np.arange(n), -int(rng.integers(n)))
+        parts.append(base[s] + local)
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+
+def rank_share(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
+    """Rank ``rank``'s packets of an epoch order."""
+    return order[rank::world_size]
+
+
+def drop_mask(n_packets: int, *, seed: int, epoch: int, rate: float) -> np.ndarray:
+    """Which packets CRC-Drop removes this epoch (bool per global packet number)."""
+    if not 0.0 <= rate < 1.0:
+        raise ConfigError(f"crc_drop_rate must be in [0, 1), got {rate}")
+    if rate == 0.0:
+        return np.zeros(n_packets, dtype=bool)
+    rng = np.random.Generator(np.random.PCG64([seed, epoch, _DROP_STREAM]))
+    return rng.random(n_packets) < rate

@@ -1,0 +1,290 @@
+"""ndp.Loader: coverage and order, rank splits, exact resume, CRC-Drop, corruption accounting,
+the producer thread's errors and shutdown, and the same batches from both backends.
+
+RAMP data: packet k holds tokens k*1000 + arange(n), so a row's first token names its packet
+and a window's tokens say where in the stream it was cut.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from ndp.errors import ConfigError
+from ndp.loader import Loader
+from ndp.packet import encode_packet, encode_tokens
+from ndp.format import Typ
+
+from ndp_test_helpers import ramp, ramp_specs, write_shards
+
+LENGTHS = [int(x) for x in np.random.default_rng(0).integers(1, 30, 41)]
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    """41 ramp packets (some masked) in three shards of 12, 17 and 12 packets."""
+    d = tmp_path_factory.mktemp("corpus")
+    specs = ramp_specs(LENGTHS, masked=[k % 5 == 2 for k in range(41)])
+    packets = [s.encode() for s in specs]
+    for i, part in enumerate((packets[:12], packets[12:29], packets[29:])):
+        write_shards(d, part, prefix=f"p{i}")
+    return d
+
+
+def host(a) -> np.ndarray:
+    if isinstance(a, np.ndarray):
+        return a
+    return a.copy_to_host() if hasattr(a, "copy_to_host") else a.numpy()
+
+
+def take(loader, n=None) -> list[dict]:
+    """Up to ``n`` batches (the rest of the epoch with None), copied to host arrays."""
+    out = []
+    for batch in loader:
+        out.append({k: host(v).copy() for k, v in batch.items()})
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def packets_of(batches) -> list[int]:
+    return [int(row[0]) // 1000 for b in batches for row in b["input_ids"]]
+
+
+def assert_same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+def make(corpus_dir, **kw) -> Loader:
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("seq_len", 8)
+    kw.setdefault("backend", "cpu")
+    kw.setdefault("output", "arrays")
+    return Loader(corpus_dir, **kw)
+
+
+# --- order and coverage ------------------------------------------------------------------------
+def test_padded_epoch_covers_every_packet_once_in_a_new_order_each_epoch(corpus_dir):
+    loader = make(corpus_dir, seed=3)
+    epochs = [packets_of(take(loader)) for _ in range(3)]
+    for seen in epochs:
+        assert sorted(seen) == list(range(41))
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert loader.epoch == 3
+
+
+def test_unshuffled_padded_rows_are_the_ramp_in_order(corpus_dir):
+    batches = take(make(corpus_dir, shuffle=False, seq_len=32))
+    assert packets_of(batches) == list(range(41))
+    rows = np.concatenate([b["input_ids"] for b in batches])
+    for k, n in enumerate(LENGTHS):
+        np.testing.assert_array_equal(rows[k, :n], ramp(k, n))
+        assert (rows[k, n:] == 0).all()
+
+
+def test_packed_windows_cut_the_stream_in_order(corpus_dir):
+    loader = make(corpus_dir, mode="packed", shuffle=False, batch_size=2, seq_len=5)
+    batches = take(loader)
+    stream = np.concatenate([ramp(k, n) for k, n in enumerate(LENGTHS)])
+    x = np.concatenate([b["x"] for b in batches]).reshape(-1)
+    np.testing.assert_array_equal(x, stream[: x.shape[0]])
+    for b, start in zip(batches, range(0, x.shape[0], 10)):
+        y = b["y"].reshape(-1)
+        want = stream[start + 1: start + 11]
+        assert ((y == want) | (y == -100)).all()  # -100 where a masked packet's bit is 0
+    s = loader.stats
+    assert s.tokens == x.shape[0] and s.tokens + s.unused_tokens == stream.shape[0]
+    assert s.unused_tokens < 2 * 5 + 1 and s.packets == 41 and s.valid == 41
+
+
+# --- ranks ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+def test_ranks_are_disjoint_and_complete(corpus_dir, world_size):
+    seen = [packets_of(take(make(corpus_dir, seed=5, rank=r, world_size=world_size)))
+            for r in range(world_size)]
+    flat = [k for s in seen for k in s]
+    assert sorted(flat) == list(range(41))
+    assert max(map(len, seen)) - min(map(len, seen)) <= 1
+
+
+def test_rank_from_the_environment(corpus_dir, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = make(corpus_dir)
+    assert (loader.rank, loader.world_size) == (1, 3)
+    with pytest.raises(ConfigError, match="rank"):
+        make(corpus_dir, rank=3, world_size=3)
+
+
+# --- exact resume ---------------------------------------------------------------------------
+def _run(loader, n_batches: int) -> list[dict]:
+    """``n_batches`` batches across epochs."""
+    out: list[dict] = []
+    while len(out) < n_batches:
+        out.extend(take(loader, n_batches - len(out)))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed"])
+@pytest.mark.parametrize("cut", [1, 4, 10, 11, 13, 25])
+def test_resume_gives_the_batches_of_an_uninterrupted_run(corpus_dir, mode, cut):
+    kw = dict(mode=mode, seed=11, batch_size=3, seq_len=6, crc_drop_rate=0.1)
+    full = _run(make(corpus_dir, **kw), 30)
+    first = make(corpus_dir, **kw)
+    head = _run(first, cut)
+    state = json.loads(json.dumps(first.state_dict()))  # JSON round trip
+    first.close()
+    second = make(corpus_dir, **kw)
+    second.load_state_dict(state)
+    assert_same(head + _run(second, 30 - cut), full)
+
+
+def test_resume_after_repeated_resumes(corpus_dir):
+    kw = dict(mode="packed", seed=2, batch_size=2, seq_len=7)
+    full = _run(make(corpus_dir, **kw), 40)
+    got: list[dict] = []
+    state = None
+    for chunk in (3, 1, 9, 2, 12, 13):
+        loader = make(corpus_dir, **kw)
+        if state is not None:
+            loader.load_state_dict(state)
+        got.extend(_run(loader, chunk))
+        state = loader.state_dict()
+        loader.close()
+    assert_same(got, full)
+
+
+def test_state_of_another_configuration_is_refused(corpus_dir):
+    state = make(corpus_dir, seed=1).state_dict()
+    with pytest.raises(ConfigError, match="seed"):
+        make(corpus_dir, seed=2).load_state_dict(state)
+    with pytest.raises(ConfigError, match="batch_size"):
+        make(corpus_dir, seed=1, batch_size=5).load_state_dict(state)
+
+
+# --- determinism and backends --------------------------------------------------------------
+def test_same_seed_same_batches_other_seed_other_order(corpus_dir):
+    a = take(make(corpus_dir, seed=9))
+    assert_same(a, take(make(corpus_dir, seed=9)))
+    assert packets_of(a) != packets_of(take(make(corpus_dir, seed=10)))
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed"])
+def test_cpu_and_cuda_backends_give_the_same_batches(corpus_dir, mode):
+    kw = dict(mode=mode, seed=4, batch_size=6, seq_len=24, prefetch=1)
+    cpu = _run(make(corpus_dir, **kw), 4)
+    cuda = _run(make(corpus_dir, backend="cuda", **kw), 4)
+    assert_same(cpu, cuda)
+
+
+def test_resident_corpus_on_the_cuda_backend(corpus_dir):
+    kw = dict(seed=4, batch_size=8, seq_len=16, prefetch=1)
+    assert_same(_run(make(corpus_dir, backend="cuda", resident=True, **kw), 3),
+                _run(make(corpus_dir, **kw), 3))
+
+
+# --- CRC-Drop and corruption ----------------------------------------------------------------
+def test_crc_drop_is_seeded_and_counted_apart(corpus_dir):
+    loader = make(corpus_dir, seed=1, crc_drop_rate=0.3)
+    seen = packets_of(take(loader))
+    assert 0 < loader.stats.dropped_on_purpose < 41
+    assert len(seen) + loader.stats.dropped_on_purpose == 41
+    assert loader.stats.corrupt == {}
+    assert seen == packets_of(take(make(corpus_dir, seed=1, crc_drop_rate=0.3)))
+    with pytest.raises(ConfigError, match="crc_drop_rate"):
+        make(corpus_dir, crc_drop_rate=1.0)
+
+
+def test_corrupted_packets_are_lost_alone_and_counted(tmp_path):
+    specs = ramp_specs([5, 6, 7, 8, 9, 10])
+    packets = [s.encode() for s in specs]
+    packets.insert(2, encode_packet(b"\x00" * 7, typ=Typ.TOKEN_IDS))  # BAD_LENGTH
+    packets.insert(5, encode_packet(b"\x00\x01", typ=0x7E))  # UNKNOWN_TYPE
+    (info,) = write_shards(tmp_path, packets)
+    raw = bytearray(info.path.read_bytes())
+    at = raw.rindex(encode_tokens(ramp(5, 10)))  # damage the last packet's payload
+    raw[at + 12] ^= 0x40
+    info.path.write_bytes(bytes(raw))  # the sidecar index is now stale: rebuilt with a warning
+    with pytest.warns(UserWarning, match="scanning the shard"):
+        loader = make(tmp_path, shuffle=False, batch_size=3, seq_len=12)
+    seen = packets_of(take(loader))
+    assert seen == [0, 1, 2, 3, 4]  # every intact packet, nothing else
+    s = loader.stats
+    assert s.corrupt == {"BAD_LENGTH": 1, "UNKNOWN_TYPE": 1}
+    assert s.corrupt_regions == 1 and s.corrupt_bytes == len(packets[-1])
+    assert s.packets == 7 and s.valid == 5
+
+
+# --- the producer thread --------------------------------------------------------------------
+def _threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ndp-loader"]
+
+
+def test_a_producer_exception_reaches_the_consumer(corpus_dir):
+    loader = make(corpus_dir, shuffle=False)
+    calls = {"n": 0}
+    real = loader.decoder.decode_padded
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise ValueError("disk on fire")
+        return real(*args, **kwargs)
+
+    loader.decoder.decode_padded = failing
+    got = []
+    with pytest.raises(ValueError, match="disk on fire"):
+        for batch in loader:
+            got.append(batch)
+    assert len(got) == 2
+    assert not _threads()
+
+
+def test_break_close_and_garbage_collection_leave_no_threads(corpus_dir):
+    loader = make(corpus_dir, prefetch=1)
+    for _ in loader:
+        break
+    gc.collect()
+    assert not _threads()
+    it = iter(loader)
+    next(it)
+    assert _threads()
+    loader.close()
+    assert not _threads()
+    with make(corpus_dir) as other:
+        next(iter(other))
+    gc.collect()
+    assert not _threads()
+    loader = make(corpus_dir)
+    it = iter(loader)
+    next(it)
+    del it, loader
+    gc.collect()
+    assert not _threads()
+
+
+def test_stats_as_a_dict(corpus_dir):
+    loader = make(corpus_dir, seq_len=10)
+    take(loader)
+    d = loader.stats.as_dict()
+    assert d["batches"] == 11 and d["packets"] == 41 and d["valid"] == 41
+    assert d["tokens"] + d["truncated_tokens"] == sum(LENGTHS)
+    assert d["wait_seconds"] >= 0
+    json.dumps(d)
+
+
+def test_bad_arguments(corpus_dir, tmp_path):
+    with pytest.raises(ConfigError, match="mode"):
+        make(corpus_dir, mode="zigzag")
+    with pytest.raises(ConfigError, match="batch_size"):
+        make(corpus_dir, batch_size=0)
+    with pytest.raises(ConfigError, match="no .*shards"):
+        make(tmp_path)
