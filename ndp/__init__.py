@@ -15,6 +15,8 @@ from ndp.decode import (
     validate,
 )
 from ndp.backend import resolve_backend
+from ndp.corpus import Corpus
+from ndp.dataset import NDPDataset, QubGPUDataset
 from ndp.decoder import CpuDecoder, Decoder
 from ndp.errors import (
     ConfigError,
@@ -28,13 +30,15 @@ from ndp.errors import (
 )
 from ndp.format import DropReason, Dst, Src, Typ, max_tokens_per_packet
 from ndp.index import Index, build_index, load_index, scan, scan_shard
+from ndp.loader import Loader, LoaderStats
 from ndp.packet import Packet, crc16_ccitt, decode_packet, encode_packet, encode_tokens
 from ndp.shard import Shard, ShardWriter
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "CpuDecoder", "Decoder", "resolve_backend", "DecodeStats", "DropReason", "Dst", "Index", "IndexMismatchError",
+    "ConfigError", "Corpus", "CpuDecoder", "Decoder", "Loader", "LoaderStats", "NDPDataset",
+    "QubGPUDataset", "resolve_backend", "DecodeStats", "DropReason", "Dst", "Index", "IndexMismatchError",
     "NDPError", "PackedBatch", "Packet", "PacketError", "PaddedBatch", "PaddedBuffers",
     "RecordError", "Shard", "ShardFormatError", "ShardWriter", "Src", "StreamExhausted",
     "TokenizerError", "Typ", "UnsupportedVersionError", "__version__", "build_index",

@@ -121,12 +121,50 @@ class DeviceArray:
         cai["stream"] = int(self._stream.handle) or LEGACY_DEFAULT_STREAM
         return cai
 
+    @property
+    def array(self) -> Any:
+        """The array itself: a ``cupy.ndarray`` on a device, a NumPy array under the simulator
+        (work on it inside ``producer_stream(self)``)."""
+        return self._array
+
+    @property
+    def stream(self) -> Any:
+        """The Numba stream that writes this array."""
+        return self._stream
+
     def copy_to_host(self) -> np.ndarray:
         """A NumPy copy, after the producing stream has finished writing it."""
         self._stream.synchronize()
         if simulated():
             return np.array(self._array)
         return self._array.get()
+
+
+def producer_stream(array: DeviceArray) -> Any:
+    """A context in which CuPy work is queued on ``array``'s producing stream (so it runs after
+    the kernels that wrote it); a no-op under the simulator."""
+    if simulated():
+        import contextlib
+
+        return contextlib.nullcontext()
+    import cupy
+
+    return cupy.cuda.ExternalStream(int(array.stream.handle))
+
+
+def array_module(array: Any) -> Any:
+    """NumPy for host arrays (and the simulator's), CuPy for device arrays."""
+    if isinstance(array, DeviceArray) and not simulated():
+        import cupy
+
+        return cupy
+    return np
+
+
+def wrap_like(template: DeviceArray, array: Any) -> DeviceArray:
+    """A ``DeviceArray`` for ``array``, made on ``template``'s stream (a fresh allocation: no
+    ring reuse, so no consumer bookkeeping is needed beyond DLPack's ordering)."""
+    return DeviceArray(array, template.stream, Consumers())
 
 
 class Buffer:

@@ -50,7 +50,7 @@ from ndp.kernels.stage import gather_packets, staged_size
 from ndp.order import drop_mask, epoch_order, rank_and_world, rank_share
 from ndp.progress import progress_bar
 
-MODES = ("padded", "packed")
+MODES = ("padded", "packed", "packing")
 STATE_VERSION = 1
 
 
@@ -281,7 +281,7 @@ class Loader:
         """This rank's packets of ``epoch`` after CRC-Drop, and how many CRC-Drop removed."""
         if self._share_cache is not None and self._share_cache[0] == epoch:
             return self._share_cache[1], self._share_cache[2]
-        within = "permute" if self.mode == "padded" else "phase"
+        within = "phase" if self.mode == "packed" else "permute"
         order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
                             within=within)
         share = rank_share(order, self.rank, self.world_size)
@@ -297,7 +297,12 @@ class Loader:
         epoch, pos, tok = state["epoch"], state["pos"], state["tok"]
         share, n_dropped = self._share(epoch)
         pending = {"dropped_on_purpose": n_dropped} if pos == 0 and tok == 0 else {}
-        gen = self._padded(share, pos) if self.mode == "padded" else self._packed(share, pos, tok)
+        if self.mode == "padded":
+            gen = self._padded(share, pos)
+        elif self.mode == "packed":
+            gen = self._packed(share, pos, tok)
+        else:
+            gen = self._packing(share, pos)
         tail: dict = {}
         for batch, where, counted in gen:
             if batch is _EPOCH_END:
@@ -323,6 +328,49 @@ class Loader:
                    {"pos": pos, "tok": 0},
                    {"packets": s.packets, "valid": s.valid, "corrupt": s.dropped,
                     "tokens": s.tokens, "truncated_tokens": s.truncated_tokens})
+        yield _EPOCH_END, {}, {}
+
+    def _packing(self, share: np.ndarray, pos: int):
+        """Rows of whole examples laid end to end (``ndp.packing``). The candidates are the
+        packets that fill the batch by their index lengths; after decoding, the valid ones are
+        placed, and the batch ends at the first that does not fit."""
+        from ndp import packing
+        from ndp.device import array_module, producer_stream, wrap_like
+
+        B, L = self.batch_size, self.seq_len
+        n = share.shape[0]
+        while pos < n:
+            claimed = self.corpus.tokens[share[pos: pos + B * L + 1]]
+            _, _, fits = packing.plan(claimed, rows=B, row_len=L)
+            q = pos + max(fits, 1)
+            source, offsets = self._stage(share[pos:q])
+            batch = self.decoder.decode_padded(source, offsets, max_seq_length=L,
+                                               pad_token_id=self.pad_token_id)
+            lengths = np.minimum(_host(batch.lengths), L)
+            rows_of = _host(batch.rows)  # candidate index of each valid example
+            where_row, where_col, placed = packing.plan(lengths, rows=B, row_len=L)
+            lengths = lengths[:placed]
+            idx = packing.layout(lengths, where_row, where_col, rows=B, row_len=L)
+            taken = int(rows_of[placed]) if placed < rows_of.shape[0] else q - pos
+            status = _host(batch.status)[:taken]
+            xp = array_module(batch.input_ids)
+            if xp is np:
+                ids, labels = _host(batch.input_ids), _host(batch.labels)
+                out = packing.gather(np, ids, labels, idx, pad_id=self.pad_token_id, rows=B,
+                                     row_len=L)
+                if not isinstance(batch.input_ids, np.ndarray):  # the simulator's "device"
+                    out = {k: wrap_like(batch.input_ids, v) for k, v in out.items()}
+            else:
+                with producer_stream(batch.input_ids):
+                    out = packing.gather(xp, batch.input_ids.array, batch.labels.array, idx,
+                                         pad_id=self.pad_token_id, rows=B, row_len=L)
+                out = {k: wrap_like(batch.input_ids, v) for k, v in out.items()}
+            pos += taken
+            counted = _count(status)
+            counted["tokens"] = int(lengths.sum())
+            counted["truncated_tokens"] = int(np.maximum(_host(batch.lengths)[:placed] - L,
+                                                         0).sum())
+            yield out, {"pos": pos, "tok": 0}, counted
         yield _EPOCH_END, {}, {}
 
     def _packed(self, share: np.ndarray, pos: int, tok: int):
@@ -354,8 +402,7 @@ class Loader:
                     tail["unused_tokens"] = max(exc.stream_tokens - tok, 0)
                     yield _EPOCH_END, {}, tail
                     return
-            status = batch.status if isinstance(batch.status, np.ndarray) \
-                else batch.status.copy_to_host()
+            status = _host(batch.status)
             counted = _count(status[counted_upto - pos:])
             counted_upto = q
             counted["tokens"] = B * T
@@ -416,6 +463,10 @@ class Loader:
         self._resident_offsets = corpus.offsets + byte_base[corpus.shard_of(
             np.arange(corpus.n_packets))]
         return self.decoder.resident(whole, name=f"corpus of {len(corpus.shards)} shards")
+
+
+def _host(array: Any) -> np.ndarray:
+    return array if isinstance(array, np.ndarray) else array.copy_to_host()
 
 
 def _count(status: np.ndarray) -> dict:

@@ -105,6 +105,35 @@ def test_packed_windows_cut_the_stream_in_order(corpus_dir):
     assert s.unused_tokens < 2 * 5 + 1 and s.packets == 41 and s.valid == 41
 
 
+def test_packing_lays_whole_documents_end_to_end(corpus_dir):
+    L = 40
+    loader = make(corpus_dir, mode="packing", seed=6, batch_size=3, seq_len=L)
+    batches = take(loader)
+    seen = []
+    for b in batches:
+        assert b["input_ids"].shape == (3, L) and b["position_ids"].shape == (3, L)
+        cu = b["cu_seqlens"]
+        assert cu[0] == 0 and cu[-1] == 3 * L and (np.diff(cu) > 0).all()
+        flat = {k: b[k].reshape(-1) for k in ("input_ids", "labels", "attention_mask",
+                                               "position_ids")}
+        for a, z in zip(cu[:-1], cu[1:]):
+            ids = flat["input_ids"][a:z]
+            if flat["attention_mask"][a] == 0:  # a row's padding
+                assert (flat["attention_mask"][a:z] == 0).all() and (ids == 0).all()
+                continue
+            k = int(ids[0]) // 1000
+            seen.append(k)
+            np.testing.assert_array_equal(ids, ramp(k, LENGTHS[k]))  # whole, uncut (all < L)
+            np.testing.assert_array_equal(flat["position_ids"][a:z], np.arange(z - a))
+            assert flat["labels"][a] == -100  # no document predicts the next one's start
+            assert ((flat["labels"][a + 1:z] == ids[1:]) | (flat["labels"][a + 1:z] == -100)).all()
+        assert (np.diff(cu) <= L).all() and ((cu[1:] % L == 0) | (np.diff(cu) < L)).all()
+    assert sorted(seen) == list(range(41))
+    assert loader.stats.tokens == sum(LENGTHS)
+    # rows are full up to the next example that would not fit
+    assert len(batches) <= -(-sum(LENGTHS) // (3 * L)) + 3
+
+
 # --- ranks ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8])
 def test_ranks_are_disjoint_and_complete(corpus_dir, world_size):
@@ -133,7 +162,7 @@ def _run(loader, n_batches: int) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["padded", "packed"])
+@pytest.mark.parametrize("mode", ["padded", "packed", "packing"])
 @pytest.mark.parametrize("cut", [1, 4, 10, 11, 13, 25])
 def test_resume_gives_the_batches_of_an_uninterrupted_run(corpus_dir, mode, cut):
     kw = dict(mode=mode, seed=11, batch_size=3, seq_len=6, crc_drop_rate=0.1)
@@ -177,7 +206,7 @@ def test_same_seed_same_batches_other_seed_other_order(corpus_dir):
     assert packets_of(a) != packets_of(take(make(corpus_dir, seed=10)))
 
 
-@pytest.mark.parametrize("mode", ["padded", "packed"])
+@pytest.mark.parametrize("mode", ["padded", "packed", "packing"])
 def test_cpu_and_cuda_backends_give_the_same_batches(corpus_dir, mode):
     kw = dict(mode=mode, seed=4, batch_size=6, seq_len=24, prefetch=1)
     cpu = _run(make(corpus_dir, **kw), 4)
