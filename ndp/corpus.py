@@ -8,8 +8,9 @@ written in these numbers, so they do not depend on which backend decodes.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,12 +58,23 @@ def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
 class Corpus:
     """Shards opened (memory-mapped) with their verified indexes.
 
+    ``paths``: a shard, a directory of shards, a list of them, or a dict naming groups of them
+    (``{"code": "data/code/", "chat": ["a.ndp", "b.ndp"]}``) for mixing by group.
     ``on_stale`` is passed to ``load_index``: "rebuild" rescans a shard whose sidecar index
     does not match it (with a warning), "error" refuses it.
     """
 
-    def __init__(self, paths: PathLike | Sequence[PathLike], *, on_stale: str = "rebuild"):
-        self.paths = shard_paths(paths)
+    def __init__(self, paths: PathLike | Sequence[PathLike] | Mapping[str, Any], *,
+                 on_stale: str = "rebuild"):
+        if isinstance(paths, Mapping):
+            self.groups = list(paths)
+            grouped = [shard_paths(paths[name]) for name in self.groups]
+            self.paths = [p for ps in grouped for p in ps]
+            shard_group = [g for g, ps in enumerate(grouped) for _ in ps]
+        else:
+            self.groups = ["all"]
+            self.paths = shard_paths(paths)
+            shard_group = [0] * len(self.paths)
         if not self.paths:
             raise ConfigError("no shards given")
         self.shards = [Shard(p) for p in self.paths]
@@ -83,6 +95,8 @@ class Corpus:
             if entries else np.zeros(0, np.int64)
         self.src = np.concatenate([e["src"] for e in entries])
         self.tokens = np.concatenate([tokens_of(e["length"], e["typ"]) for e in entries])
+        #: group number of each global packet (``groups[g]`` names it)
+        self.group = np.repeat(np.asarray(shard_group, np.int64), sizes)
 
     def __len__(self) -> int:
         return self.n_packets

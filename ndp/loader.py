@@ -19,8 +19,17 @@ Modes:
   shard boundaries; the tokens left over at the end of an epoch (less than one batch) are not
   used, and counted.
 
-Order, rank split and CRC-Drop are ``ndp.order``'s: seeded, a new order every epoch, every packet
-once per epoch across ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``).
+* ``packing`` (SFT, packed rows): short examples laid end to end in full rows, with
+  per-document ``position_ids`` and ``cu_seqlens`` (``ndp.packing``).
+
+Order, rank split, mixing and CRC-Drop are ``ndp.order``'s: seeded, a new order every epoch, every
+packet once per epoch across ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``).
+Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard groups
+(``mix_by="group"``), or ``mix={"TEXT_CORPUS": 1, "CODE_REPO": 1}`` by packet SRC
+(``mix_by="src"``); every source needs a weight (0 leaves it out, counted).
+
+The state (``state_dict``) is the epoch and a (packet, token) position in this rank's order,
+plus the settings it is only valid for; ``load_state_dict`` refuses a state made with others.
 
 Prefetch: a producer thread stages and decodes up to ``prefetch`` batches ahead into a bounded
 queue. An exception in it is raised by the consumer's ``next()`` (with the producer's traceback
@@ -47,7 +56,7 @@ from ndp.decoder import Decoder
 from ndp.errors import ConfigError
 from ndp.format import DropReason
 from ndp.kernels.stage import gather_packets, staged_size
-from ndp.order import drop_mask, epoch_order, rank_and_world, rank_share
+from ndp.order import drop_mask, epoch_order, mix, rank_and_world, rank_share
 from ndp.progress import progress_bar
 
 MODES = ("padded", "packed", "packing")
@@ -67,6 +76,8 @@ class LoaderStats:
     truncated_tokens: int = 0  # padded rows cut at seq_len
     unused_tokens: int = 0  # packed: stream tokens left at epoch ends
     wait_seconds: float = 0.0  # consumer time blocked on the producer
+    sources: dict[str, int] = field(default_factory=dict)  # mixing: packets per source
+    mix_unused: dict[str, int] = field(default_factory=dict)  # mixing: left when an epoch ended
     # damage found when a stale index was rebuilt (those bytes are no packets in the index)
     corrupt_regions: int = 0
     corrupt_bytes: int = 0
@@ -75,8 +86,10 @@ class LoaderStats:
         for key in ("packets", "valid", "dropped_on_purpose", "tokens", "truncated_tokens",
                     "unused_tokens"):
             setattr(self, key, getattr(self, key) + other.get(key, 0))
-        for name, n in other.get("corrupt", {}).items():
-            self.corrupt[name] = self.corrupt.get(name, 0) + n
+        for key in ("corrupt", "sources", "mix_unused"):
+            mine = getattr(self, key)
+            for name, n in other.get(key, {}).items():
+                mine[name] = mine.get(name, 0) + n
 
     def as_dict(self) -> dict:
         return {
@@ -85,6 +98,7 @@ class LoaderStats:
             "tokens": self.tokens, "truncated_tokens": self.truncated_tokens,
             "unused_tokens": self.unused_tokens, "wait_seconds": round(self.wait_seconds, 6),
             "corrupt_regions": self.corrupt_regions, "corrupt_bytes": self.corrupt_bytes,
+            "sources": dict(self.sources), "mix_unused": dict(self.mix_unused),
         }
 
 
@@ -118,6 +132,8 @@ class Loader:
         prefetch: int = 2,
         output: str = "torch",
         progress: bool = False,
+        mix: dict[str | int, float] | None = None,
+        mix_by: str = "group",
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
@@ -129,6 +145,7 @@ class Loader:
             raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
         drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
         self.corpus = data if isinstance(data, Corpus) else Corpus(data)
+        self._setup_mix(mix, mix_by)
         self.mode, self.batch_size, self.seq_len = mode, batch_size, seq_len
         self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
         self.rank, self.world_size = rank_and_world(rank, world_size)
@@ -156,7 +173,7 @@ class Loader:
                 "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
                 "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
-                **self._state}
+                "mix": self._mix_spec, **self._state}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from ``state_dict``); ``ConfigError`` if it was made for
@@ -166,7 +183,7 @@ class Loader:
                               f"{STATE_VERSION}")
         mine = self.state_dict()
         for key in ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
-                    "crc_drop_rate", "n_packets"):
+                    "crc_drop_rate", "n_packets", "mix"):
             if state.get(key) != mine[key]:
                 raise ConfigError(f"loader state has {key}={state.get(key)!r}, this loader "
                                   f"{mine[key]!r}; resume with the same settings and shards")
@@ -277,10 +294,11 @@ class Loader:
             put(_Failure(exc))
 
     # --------------------------------------------------------------------------- producing
-    def _share(self, epoch: int) -> tuple[np.ndarray, int]:
-        """This rank's packets of ``epoch`` after CRC-Drop, and how many CRC-Drop removed."""
+    def _share(self, epoch: int) -> tuple[np.ndarray, int, dict]:
+        """This rank's packets of ``epoch`` after CRC-Drop and mixing, how many CRC-Drop
+        removed, and per source how many packets mixing left unused."""
         if self._share_cache is not None and self._share_cache[0] == epoch:
-            return self._share_cache[1], self._share_cache[2]
+            return self._share_cache[1:]
         within = "phase" if self.mode == "packed" else "permute"
         order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
                             within=within)
@@ -288,14 +306,71 @@ class Loader:
         dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
                             rate=self.crc_drop_rate)
         kept = share[~dropped[share]]
-        self._share_cache = (epoch, kept, int(share.shape[0] - kept.shape[0]))
-        return kept, self._share_cache[2]
+        unused_by_source: dict[str, int] = {}
+        if self._mix_keys is not None:
+            key = self._source_key(kept)
+            parts = [kept[key == k] for k in range(len(self._mix_names))]
+            kept, unused = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch,
+                               rank=self.rank)
+            unused_by_source = {name: int(n) for name, n in zip(self._mix_names, unused) if n}
+        self._share_cache = (epoch, kept, int(dropped[share].sum()), unused_by_source)
+        return self._share_cache[1:]
+
+    def _setup_mix(self, weights: dict | None, mix_by: str) -> None:
+        """Sources and their weights; every source present in the corpus must have a weight
+        (0 leaves it out on purpose), so no packet is left out silently."""
+        self._mix_keys = self._mix_weights = None
+        self._mix_names: list[str] = []
+        self._mix_spec = None
+        self._mix_by = mix_by
+        if mix_by not in ("group", "src"):
+            raise ConfigError(f"mix_by must be 'group' or 'src', got {mix_by!r}")
+        if weights is None:
+            return
+        corpus = self.corpus
+        if mix_by == "group":
+            present = {name: g for g, name in enumerate(corpus.groups)}
+        else:
+            from ndp.format import Src
+
+            present = {}
+            for v in np.unique(corpus.src).tolist():
+                try:
+                    present[Src(v).name] = v
+                except ValueError:
+                    present[str(v)] = v
+        named = {}
+        for key, w in weights.items():
+            name = key.name if hasattr(key, "name") else str(key)
+            if isinstance(key, int) and mix_by == "src" and not hasattr(key, "name"):
+                name = next((n for n, v in present.items() if v == key), str(key))
+            if name not in present:
+                raise ConfigError(f"mix names {key!r}, which is not a {mix_by} of this corpus "
+                                  f"(it has {sorted(present)})")
+            named[name] = float(w)
+        missing = sorted(set(present) - set(named))
+        if missing:
+            raise ConfigError(f"mix gives no weight to {missing}; give each {mix_by} a weight "
+                              f"(0 to leave it out on purpose)")
+        self._mix_names = sorted(named)
+        self._mix_weights = np.array([named[n] for n in self._mix_names])
+        values = np.array([present[n] for n in self._mix_names], np.int64)
+        lookup = np.full(256 if mix_by == "src" else len(corpus.groups), -1, np.int64)
+        lookup[values] = np.arange(values.shape[0])
+        self._mix_keys = lookup
+        self._mix_spec = [[n, named[n]] for n in self._mix_names]
+        mix([np.zeros(0, np.int64)] * len(values), self._mix_weights, seed=0, epoch=0, rank=0)
+
+    def _source_key(self, packets: np.ndarray) -> np.ndarray:
+        """Mixing source number of each packet."""
+        raw = self.corpus.group[packets] if self._mix_by == "group" else self.corpus.src[packets]
+        return self._mix_keys[raw]
 
     def _batches(self, state: dict) -> Iterator[tuple[Any, dict, dict]]:
         """(batch, state after it, what it counted) for the rest of ``state``'s epoch, then
         (_EPOCH_END, the next epoch's start, what the epoch's end counted)."""
         epoch, pos, tok = state["epoch"], state["pos"], state["tok"]
-        share, n_dropped = self._share(epoch)
+        share, n_dropped, mix_unused = self._share(epoch)
         pending = {"dropped_on_purpose": n_dropped} if pos == 0 and tok == 0 else {}
         if self.mode == "padded":
             gen = self._padded(share, pos)
@@ -305,6 +380,7 @@ class Loader:
             gen = self._packing(share, pos)
         tail: dict = {}
         for batch, where, counted in gen:
+            self._by_source(share, counted)
             if batch is _EPOCH_END:
                 tail = counted
                 break
@@ -312,7 +388,17 @@ class Loader:
             pending = {}
             yield self._convert(batch), {"epoch": epoch, **where}, counted
         tail.update(pending)
+        if mix_unused:
+            tail["mix_unused"] = mix_unused
         yield _EPOCH_END, {"epoch": epoch + 1, "pos": 0, "tok": 0}, tail
+
+    def _by_source(self, share: np.ndarray, counted: dict) -> None:
+        """Turn the batch's ``_range`` of newly counted share positions into packets per
+        source (mixing only)."""
+        a, b = counted.pop("_range", (0, 0))
+        if self._mix_keys is not None and b > a:
+            n = np.bincount(self._source_key(share[a:b]), minlength=len(self._mix_names))
+            counted["sources"] = {name: int(k) for name, k in zip(self._mix_names, n) if k}
 
     def _padded(self, share: np.ndarray, pos: int):
         B = self.batch_size
@@ -327,7 +413,8 @@ class Loader:
                     "attention_mask": batch.attention_mask},
                    {"pos": pos, "tok": 0},
                    {"packets": s.packets, "valid": s.valid, "corrupt": s.dropped,
-                    "tokens": s.tokens, "truncated_tokens": s.truncated_tokens})
+                    "tokens": s.tokens, "truncated_tokens": s.truncated_tokens,
+                    "_range": (pos - packets.shape[0], pos)})
         yield _EPOCH_END, {}, {}
 
     def _packing(self, share: np.ndarray, pos: int):
@@ -365,8 +452,9 @@ class Loader:
                     out = packing.gather(xp, batch.input_ids.array, batch.labels.array, idx,
                                          pad_id=self.pad_token_id, rows=B, row_len=L)
                 out = {k: wrap_like(batch.input_ids, v) for k, v in out.items()}
-            pos += taken
             counted = _count(status)
+            counted["_range"] = (pos, pos + taken)
+            pos += taken
             counted["tokens"] = int(lengths.sum())
             counted["truncated_tokens"] = int(np.maximum(_host(batch.lengths)[:placed] - L,
                                                          0).sum())
@@ -400,10 +488,12 @@ class Loader:
                         continue
                     tail = _count(exc.status[counted_upto - pos:])
                     tail["unused_tokens"] = max(exc.stream_tokens - tok, 0)
+                    tail["_range"] = (counted_upto, n)
                     yield _EPOCH_END, {}, tail
                     return
             status = _host(batch.status)
             counted = _count(status[counted_upto - pos:])
+            counted["_range"] = (counted_upto, q)
             counted_upto = q
             counted["tokens"] = B * T
             tok += B * T

@@ -10,6 +10,10 @@ talking to the others.
 * ranks: rank ``r`` of ``W`` takes every W-th packet of the epoch's order, starting at ``r``;
   every packet is seen exactly once per epoch across the ranks, no two ranks share one, and the
   ranks' counts differ by at most one.
+* mixing: a rank's share is split by source (shard group or SRC type, each part keeping its
+  order) and the parts are interleaved by a seeded weighted draw per packet; the epoch ends when
+  a source runs out, so the proportions hold throughout (what the other sources had left is
+  counted, not silently dropped).
 * CRC-Drop (``crc_drop_rate``): a seeded fraction of packets is dropped on purpose each epoch,
   decided per packet number (the same packets whatever the rank split), counted apart from
   real corruption.
@@ -25,6 +29,7 @@ from ndp.errors import ConfigError
 
 _ORDER_STREAM = 0x0D3E
 _DROP_STREAM = 0xC4C0
+_MIX_STREAM = 0x313C
 
 
 def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -80,3 +85,33 @@ def drop_mask(n_packets: int, *, seed: int, epoch: int, rate: float) -> np.ndarr
         return np.zeros(n_packets, dtype=bool)
     rng = np.random.Generator(np.random.PCG64([seed, epoch, _DROP_STREAM]))
     return rng.random(n_packets) < rate
+
+
+def mix(parts: list[np.ndarray], weights: np.ndarray, *, seed: int, epoch: int,
+        rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Interleave ``parts`` (each in its own order) by a seeded draw with probabilities
+    ``weights``, up to the first draw of a part that has run out. Returns the merged packets
+    and, per part, how many of its packets the epoch left unused."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.shape[0] != len(parts) or (weights < 0).any() or weights.sum() <= 0:
+        raise ConfigError(f"mixing weights must be >= 0 with a positive sum, one per source; "
+                          f"got {weights.tolist()} for {len(parts)} sources")
+    sizes = np.array([p.shape[0] for p in parts], np.int64)
+    total = int(sizes.sum())
+    if total == 0:
+        return np.zeros(0, np.int64), sizes
+    rng = np.random.Generator(np.random.PCG64([seed, epoch, rank, _MIX_STREAM]))
+    draws = rng.choice(len(parts), size=total + 1, p=weights / weights.sum())
+    stop = total + 1
+    for g, n in enumerate(sizes):
+        occ = np.flatnonzero(draws == g)
+        if occ.shape[0] > n:
+            stop = min(stop, int(occ[n]))
+    draws = draws[:stop]
+    merged = np.empty(stop, np.int64)
+    used = np.zeros(len(parts), np.int64)
+    for g, part in enumerate(parts):
+        at = np.flatnonzero(draws == g)
+        merged[at] = part[: at.shape[0]]
+        used[g] = at.shape[0]
+    return merged, sizes - used

@@ -317,3 +317,72 @@ def test_bad_arguments(corpus_dir, tmp_path):
         make(corpus_dir, batch_size=0)
     with pytest.raises(ConfigError, match="no .*shards"):
         make(tmp_path)
+
+
+# --- mixing ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def groups_dir(tmp_path_factory):
+    """Two groups: 'web' (packets 0..199, SRC TEXT_CORPUS) and 'code' (200..279, CODE_REPO)."""
+    d = tmp_path_factory.mktemp("groups")
+    web = [encode_tokens(ramp(k, 3), src=0x01) for k in range(200)]
+    code = [encode_tokens(ramp(k, 3), src=0x02) for k in range(200, 280)]
+    write_shards(d / "web", web[:120], prefix="a")
+    write_shards(d / "web", web[120:], prefix="b")
+    write_shards(d / "code", code)
+    return d
+
+
+def _mixed(groups_dir, **kw):
+    kw.setdefault("mix", {"web": 1.0, "code": 1.0})
+    return make({"web": groups_dir / "web", "code": groups_dir / "code"}, seed=7, **kw)
+
+
+def test_mixing_by_group_keeps_the_proportions_until_a_source_runs_out(groups_dir):
+    loader = _mixed(groups_dir, mix={"web": 3.0, "code": 1.0})
+    seen = packets_of(take(loader))
+    web = sum(k < 200 for k in seen)
+    assert len(seen) == len(set(seen))
+    assert 0.68 < web / len(seen) < 0.82
+    s = loader.stats
+    assert s.sources == {"web": web, "code": len(seen) - web}
+    # the epoch ended when one source ran out; what the other had left is counted
+    assert s.sources["web"] == 200 or s.sources["code"] == 80
+    assert sum(s.sources.values()) + sum(s.mix_unused.values()) == 280
+
+
+def test_mixing_is_deterministic_resumable_and_split_across_ranks(groups_dir):
+    kw = dict(mix={"web": 2.0, "code": 1.0}, batch_size=5)
+    full = _run(_mixed(groups_dir, **kw), 70)
+    assert_same(full, _run(_mixed(groups_dir, **kw), 70))
+    first = _mixed(groups_dir, **kw)
+    head = _run(first, 17)
+    second = _mixed(groups_dir, **kw)
+    second.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert_same(head + _run(second, 53), full)
+    shares = [set(packets_of(take(_mixed(groups_dir, rank=r, world_size=3, **kw))))
+              for r in range(3)]
+    assert not (shares[0] & shares[1]) and not (shares[1] & shares[2])
+    with pytest.raises(ConfigError, match="mix"):
+        _mixed(groups_dir, mix={"web": 1.0, "code": 2.0}, batch_size=5).load_state_dict(
+            first.state_dict())
+
+
+def test_mixing_by_src_type(groups_dir):
+    loader = make(groups_dir / "web", mix={"TEXT_CORPUS": 1.0}, mix_by="src")
+    assert sorted(packets_of(take(loader))) == list(range(200))
+    both = make([groups_dir / "web", groups_dir / "code"], mix_by="src", seed=1,
+                mix={"TEXT_CORPUS": 0.0, 2: 1.0})  # weight 0 leaves a source out, counted
+    seen = packets_of(take(both))
+    assert sorted(seen) == list(range(200, 280))
+    assert both.stats.mix_unused == {"TEXT_CORPUS": 200}
+
+
+def test_mixing_weights_must_name_every_source(groups_dir):
+    with pytest.raises(ConfigError, match="no weight to \\['code'\\]"):
+        _mixed(groups_dir, mix={"web": 1.0})
+    with pytest.raises(ConfigError, match="not a group"):
+        _mixed(groups_dir, mix={"web": 1.0, "code": 1.0, "books": 1.0})
+    with pytest.raises(ConfigError, match="weights"):
+        _mixed(groups_dir, mix={"web": 0.0, "code": 0.0})
+    with pytest.raises(ConfigError, match="mix_by"):
+        _mixed(groups_dir, mix_by="colour")
