@@ -1,13 +1,16 @@
-"""CPU decode and converter throughput, written to benchmarks/results/ as JSON.
+"""CPU decode, converter and loader throughput, written to benchmarks/results/ as JSON.
 
     python benchmarks/bench_cpu.py                 # full grid (a few minutes on 2 cores)
     python benchmarks/bench_cpu.py --quick         # smaller data, for a smoke run
+    python benchmarks/bench_cpu.py --only loader   # one section (decode, convert, loader)
 
 Decode is timed on synthetic shards of full-length packets (every row holds ``seq`` real
 tokens, so tokens/s counts only real tokens), with CRC validation on, reusing output buffers the
 way a training loop does. Each figure is the best of ``--repeats`` passes over the whole shard
 after one warm-up pass (Numba compile and page faults excluded). The converter is timed on the
-standard library corpus of ``ndp demo`` with its trained tokenizer.
+standard library corpus of ``ndp demo`` with its trained tokenizer. The loader is timed end to
+end: ``ndp.Loader`` over shard files on disk (page cache warm), CPU backend, torch tensors out,
+one epoch per mode after a warm-up epoch, with the consumer's ``next()`` timed on its own.
 """
 
 from __future__ import annotations
@@ -182,22 +185,75 @@ def bench_convert(max_files: int | None) -> dict:
         return out
 
 
+def bench_loader(n_packets: int, seq: int, batch: int) -> list[dict]:
+    """``ndp.Loader`` end to end: tokens/s delivered as torch tensors and next() latency."""
+    from ndp.loader import Loader
+    from ndp.shard import ShardWriter
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rng = np.random.default_rng(0)
+        proto = [encode_tokens(rng.integers(0, 150_000, seq), width=4) for _ in range(64)]
+        with ShardWriter(tmp, max_shard_bytes=64 << 20) as writer:
+            for i in range(n_packets):
+                writer.write(proto[i % 64])
+        for mode, seq_len in (("padded", seq), ("packed", seq), ("packing", seq)):
+            loader = Loader(tmp, mode=mode, batch_size=batch, seq_len=seq_len, backend="cpu",
+                            seed=0, prefetch=2)
+            for _ in loader:  # warm-up epoch: compile, page in
+                pass
+            before = loader.stats.tokens
+            latencies = []
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            it = iter(loader)
+            while True:
+                t = time.perf_counter()
+                try:
+                    batch_out = next(it)
+                except StopIteration:
+                    break
+                latencies.append(time.perf_counter() - t)
+                del batch_out
+            wall = time.perf_counter() - t0
+            cpu = time.process_time() - cpu0
+            tokens = loader.stats.tokens - before  # the timed epoch's
+            loader.close()
+            lat = np.array(latencies) * 1e6
+            row = {"mode": mode, "packets": n_packets, "seq_len": seq_len, "batch": batch,
+                   "prefetch": 2, "batches": len(latencies), "tokens": tokens,
+                   "tokens_per_s": tokens / wall, "next_p50_us": float(np.percentile(lat, 50)),
+                   "next_p99_us": float(np.percentile(lat, 99)),
+                   "host_cpu_s_per_billion_tokens": cpu / tokens * 1e9}
+            rows.append(row)
+            print(f"loader {mode:8s}: {row['tokens_per_s'] / 1e6:7.0f} M tok/s  next() p50 "
+                  f"{row['next_p50_us']:8.1f} us  p99 {row['next_p99_us']:8.1f} us", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="result file (default: results/)")
+    parser.add_argument("--only", choices=("decode", "convert", "loader"), action="append",
+                        help="run only these sections (repeatable)")
     args = parser.parse_args(argv)
+    sections = args.only or ["decode", "convert", "loader"]
     n_packets, seq, batch = (2048, 512, 32) if args.quick else (32768, 1024, 64)
     result = {
-        "benchmark": "cpu_decode_and_convert",
-        "command": "python benchmarks/bench_cpu.py" + (" --quick" if args.quick else ""),
+        "benchmark": "cpu_decode_convert_loader",
+        "command": "python benchmarks/bench_cpu.py" + " ".join([""] + (argv or sys.argv[1:])),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
-        "decode": bench_decode(n_packets, seq, batch, args.repeats),
-        "convert": bench_convert(60 if args.quick else None),
     }
-    path = args.out or RESULTS / f"cpu-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    if "decode" in sections:
+        result["decode"] = bench_decode(n_packets, seq, batch, args.repeats)
+    if "convert" in sections:
+        result["convert"] = bench_convert(60 if args.quick else None)
+    if "loader" in sections:
+        result["loader"] = bench_loader(n_packets, seq, batch)
+    tag = "cpu" if len(sections) == 3 else "cpu-" + "-".join(sections)
+    path = args.out or RESULTS / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")

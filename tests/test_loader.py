@@ -300,9 +300,10 @@ def test_break_close_and_garbage_collection_leave_no_threads(corpus_dir):
     assert not _threads()
 
 
-def test_stats_as_a_dict(corpus_dir):
-    loader = make(corpus_dir, seq_len=10)
+def test_stats_as_a_dict(corpus_dir, capsys):
+    loader = make(corpus_dir, seq_len=10, progress=True)
     take(loader)
+    assert "ndp epoch 0" in capsys.readouterr().err  # the progress bar
     d = loader.stats.as_dict()
     assert d["batches"] == 11 and d["packets"] == 41 and d["valid"] == 41
     assert d["tokens"] + d["truncated_tokens"] == sum(LENGTHS)
@@ -386,3 +387,28 @@ def test_mixing_weights_must_name_every_source(groups_dir):
         _mixed(groups_dir, mix={"web": 0.0, "code": 0.0})
     with pytest.raises(ConfigError, match="mix_by"):
         _mixed(groups_dir, mix_by="colour")
+
+
+def test_no_memory_growth_over_many_epochs(corpus_dir):
+    import tracemalloc
+
+    loader = make(corpus_dir, mode="packing", seq_len=16, crc_drop_rate=0.1)
+    for _ in range(3):  # warm up: buffers reach their size, caches fill
+        for _ in loader:
+            pass
+    tracemalloc.start()
+    try:
+        for _ in range(3):
+            for _ in loader:
+                pass
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(25):
+            for _ in loader:
+                pass
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, f"{grown} bytes more after 25 epochs"
+    assert not _threads()
