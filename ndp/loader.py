@@ -427,8 +427,13 @@ class Loader:
         B, L = self.batch_size, self.seq_len
         n = share.shape[0]
         while pos < n:
-            claimed = self.corpus.tokens[share[pos: pos + B * L + 1]]
-            _, _, fits = packing.plan(claimed, rows=B, row_len=L)
+            cap = 8 * B
+            while True:  # enough candidates to fill B rows by their index lengths
+                claimed = self.corpus.tokens[share[pos: pos + cap]]
+                _, _, fits = packing.plan(claimed, rows=B, row_len=L)
+                if fits < claimed.shape[0] or pos + cap >= n:
+                    break
+                cap *= 2
             q = pos + max(fits, 1)
             source, offsets = self._stage(share[pos:q])
             batch = self.decoder.decode_padded(source, offsets, max_seq_length=L,

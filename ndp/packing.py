@@ -22,22 +22,53 @@ from __future__ import annotations
 import numpy as np
 
 from ndp.format import IGNORE_INDEX
+from ndp.kernels._jit import cpu_kernel
+
+
+@cpu_kernel
+def _plan(lengths, rows, row_len, where_row, where_col):  # pragma: no cover - compiled
+    r = 0
+    c = 0
+    for i in range(lengths.shape[0]):
+        m = min(lengths[i], row_len)
+        if c + m > row_len:
+            r += 1
+            c = 0
+        if r == rows:
+            return i
+        where_row[i] = r
+        where_col[i] = c
+        c += m
+    return lengths.shape[0]
+
+
+@cpu_kernel
+def _segments(lengths, where_row, rows, row_len, out):  # pragma: no cover - compiled
+    """Segment ends of the flattened batch: each document, then each row's padding."""
+    k = 0
+    i = 0
+    n = lengths.shape[0]
+    for r in range(rows):
+        acc = r * row_len
+        while i < n and where_row[i] == r:
+            if lengths[i] > 0:
+                acc += lengths[i]
+                out[k] = acc
+                k += 1
+            i += 1
+        if acc < (r + 1) * row_len:
+            out[k] = (r + 1) * row_len
+            k += 1
+    return k
 
 
 def plan(lengths: np.ndarray, *, rows: int, row_len: int) -> tuple[np.ndarray, np.ndarray, int]:
     """(row, column) of each placed example and how many were placed (a prefix of them)."""
-    lengths = np.minimum(lengths, row_len)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     where_row = np.empty(lengths.shape[0], np.int64)
     where_col = np.empty(lengths.shape[0], np.int64)
-    r = c = 0
-    for i, m in enumerate(lengths.tolist()):
-        if c + m > row_len:
-            r, c = r + 1, 0
-        if r == rows:
-            return where_row[:i], where_col[:i], i
-        where_row[i], where_col[i] = r, c
-        c += m
-    return where_row, where_col, lengths.shape[0]
+    placed = int(_plan(lengths, rows, row_len, where_row, where_col))
+    return where_row[:placed], where_col[:placed], placed
 
 
 def layout(lengths: np.ndarray, where_row: np.ndarray, where_col: np.ndarray, *, rows: int,
@@ -58,19 +89,9 @@ def layout(lengths: np.ndarray, where_row: np.ndarray, where_col: np.ndarray, *,
     first = np.zeros(total, bool)
     starts = (where_row * row_len + where_col)[lengths > 0]
     first[starts] = True
-    # segments: each document, then each row's padding tail
-    bounds = [0]
-    for r in range(rows):
-        in_row = lengths[where_row == r] if n else lengths[:0]
-        row_start = r * row_len
-        acc = row_start
-        for m in in_row.tolist():
-            if m:
-                acc += m
-                bounds.append(acc)
-        if acc < row_start + row_len:
-            bounds.append(row_start + row_len)
-    cu = np.asarray(bounds, np.int32)
+    ends = np.empty(n + rows, np.int64)
+    k = int(_segments(np.ascontiguousarray(lengths, np.int64), where_row, rows, row_len, ends))
+    cu = np.concatenate([[0], ends[:k]]).astype(np.int32)
     return {"src": src, "first": first, "position_ids": position_ids.reshape(rows, row_len),
             "cu_seqlens": cu, "max_seqlen": int(np.diff(cu).max()) if cu.shape[0] > 1 else 0}
 
