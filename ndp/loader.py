@@ -34,8 +34,11 @@ plus the settings it is only valid for; ``load_state_dict`` refuses a state made
 Prefetch: a producer thread stages and decodes up to ``prefetch`` batches ahead into a bounded
 queue. An exception in it is raised by the consumer's ``next()`` (with the producer's traceback
 chained); ``close()``, leaving the ``with`` block, breaking out of the loop or dropping the last
-reference stops the thread. Batches alias the decoder's ring buffers: a batch stays valid until
-the consumer has taken ``prefetch + 1`` more (``.clone()`` what must live longer).
+reference stops the thread. Batches alias the decoder's ring of ``max(1, prefetch) + 3`` buffer sets: a
+batch stays valid while it or the batch after it is the newest one taken; once the consumer takes
+the second batch after it, its buffers may be refilled (``.clone()`` what must live longer). On
+a GPU the refill is ordered after the work queued on the default stream (where ``torch`` puts it
+unless told otherwise) before that point.
 """
 
 from __future__ import annotations
@@ -151,7 +154,9 @@ class Loader:
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.crc_drop_rate, self.prefetch, self.output = crc_drop_rate, prefetch, output
         self.progress = progress
-        self.decoder = Decoder(backend=backend, ring=prefetch + 3, device_budget=device_budget)
+        # the queue holds max(1, prefetch) batches, the producer one more, the consumer two
+        ring = max(1, prefetch) + 3
+        self.decoder = Decoder(backend=backend, ring=ring, device_budget=device_budget)
         self.backend = self.decoder.backend
         self._source = self._make_resident() if resident else None
         self._state = {"epoch": 0, "pos": 0, "tok": 0}

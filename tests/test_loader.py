@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -412,3 +413,18 @@ def test_no_memory_growth_over_many_epochs(corpus_dir):
         tracemalloc.stop()
     assert grown < 64 * 1024, f"{grown} bytes more after 25 epochs"
     assert not _threads()
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 3])
+def test_a_batch_stays_valid_until_the_second_batch_after_it_is_taken(corpus_dir, prefetch):
+    loader = make(corpus_dir, batch_size=2, prefetch=prefetch, seed=8)
+    it = iter(loader)
+    held = next(it)
+    for _ in range(8):
+        snapshot = {k: v.copy() for k, v in held.items()}
+        newer = next(it)
+        time.sleep(0.02)  # let the producer run as far ahead as it can
+        for k in held:
+            np.testing.assert_array_equal(held[k], snapshot[k])
+        held = newer
+    loader.close()
