@@ -97,11 +97,14 @@ def mix(parts: list[np.ndarray], weights: np.ndarray, *, seed: int, epoch: int,
         raise ConfigError(f"mixing weights must be >= 0 with a positive sum, one per source; "
                           f"got {weights.tolist()} for {len(parts)} sources")
     sizes = np.array([p.shape[0] for p in parts], np.int64)
-    total = int(sizes.sum())
+    # a source with nothing in this share (or weight 0) is not drawn: drawing an empty one
+    # would end the epoch before it starts
+    active = weights * (sizes > 0)
+    total = int(sizes[active > 0].sum())
     if total == 0:
         return np.zeros(0, np.int64), sizes
     rng = np.random.Generator(np.random.PCG64([seed, epoch, rank, _MIX_STREAM]))
-    draws = rng.choice(len(parts), size=total + 1, p=weights / weights.sum())
+    draws = rng.choice(len(parts), size=total + 1, p=active / active.sum())
     stop = total + 1
     for g, n in enumerate(sizes):
         occ = np.flatnonzero(draws == g)
