@@ -148,7 +148,6 @@ class Loader:
             raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
         drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
         self.corpus = data if isinstance(data, Corpus) else Corpus(data)
-        self._setup_mix(mix, mix_by)
         self.mode, self.batch_size, self.seq_len = mode, batch_size, seq_len
         self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
         self.rank, self.world_size = rank_and_world(rank, world_size)
@@ -158,17 +157,20 @@ class Loader:
         ring = max(1, prefetch) + 3
         self.decoder = Decoder(backend=backend, ring=ring, device_budget=device_budget)
         self.backend = self.decoder.backend
-        self._source = self._make_resident() if resident else None
+        self._producer = _Producer(
+            corpus=self.corpus, decoder=self.decoder, mode=mode, batch_size=batch_size,
+            seq_len=seq_len, pad_token_id=pad_token_id, shuffle=shuffle, seed=seed,
+            rank=self.rank, world_size=self.world_size, crc_drop_rate=crc_drop_rate,
+            output=output, mix=mix, mix_by=mix_by, resident=resident,
+        )
         self._state = {"epoch": 0, "pos": 0, "tok": 0}
         self.stats = LoaderStats(
             corrupt_regions=len(self.corpus.corruption),
             corrupt_bytes=sum(c.length for _, c in self.corpus.corruption),
         )
-        self._share_cache: tuple[int, np.ndarray, int] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._queue: queue.Queue | None = None
-        self._buffer = np.empty(0, np.uint8)
 
     # ----------------------------------------------------------------------- state / resume
     def state_dict(self) -> dict:
@@ -178,7 +180,7 @@ class Loader:
                 "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
                 "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
-                "mix": self._mix_spec, **self._state}
+                "mix": self._producer.mix_spec, **self._state}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from ``state_dict``); ``ConfigError`` if it was made for
@@ -202,30 +204,31 @@ class Loader:
 
     # ----------------------------------------------------------------------------- iterate
     def __iter__(self) -> Iterator[dict]:
-        """The rest of the current epoch; the next ``iter()`` starts the next epoch."""
-        self._start_producer()
+        """The rest of the current epoch; the next ``iter()`` starts the next epoch.
+
+        The producer thread outlives the epoch (it is already decoding the next one); leaving
+        the loop early, ``close()``, ``load_state_dict`` or dropping the loader stops it."""
+        if self._thread is None:
+            self._start_producer()
         bar = progress_bar(total=None, desc=f"ndp epoch {self.epoch}", enabled=self.progress,
                            unit="batch")
+        finished = False
         try:
             with bar:
                 while True:
                     t = time.perf_counter()
-                    item = self._get()
+                    batch, state, counted = self._get()
                     self.stats.wait_seconds += time.perf_counter() - t
-                    batch, state, counted = item
-                    if batch is _EPOCH_END:
-                        self._state = state
-                        self.stats.add(counted)
-                        self._thread.join()
-                        self._thread = None
-                        return
                     self._state = state
-                    self.stats.batches += 1
                     self.stats.add(counted)
+                    if batch is _EPOCH_END:
+                        finished = True
+                        return
+                    self.stats.batches += 1
                     bar.update(1)
                     yield batch
         finally:
-            if self._thread is not None:  # left early (break, exception, garbage collection)
+            if not finished:  # left early (break, exception, garbage collection)
                 self._stop_producer()
 
     def _get(self) -> Any:
@@ -234,11 +237,11 @@ class Loader:
                 item = self._queue.get(timeout=0.1)
             except queue.Empty:
                 if not self._thread.is_alive() and self._queue.empty():
+                    self._thread = None
                     raise RuntimeError("ndp loader: the producer thread ended without a result")
                 continue
             if isinstance(item, _Failure):
-                self._thread.join()
-                self._thread = None
+                self._stop_producer()
                 raise item.exc
             return item
 
@@ -263,7 +266,8 @@ class Loader:
         self._stop.clear()
         self._queue = queue.Queue(maxsize=max(1, self.prefetch))
         start = dict(self._state)
-        self._thread = threading.Thread(target=self._run, args=(start, self._queue, self._stop),
+        self._thread = threading.Thread(target=self._producer.run,
+                                        args=(start, self._queue, self._stop),
                                         name="ndp-loader", daemon=True)
         self._thread.start()
 
@@ -281,7 +285,28 @@ class Loader:
             thread.join(timeout=0.05)
         self._thread = None
 
-    def _run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
+
+class _Producer:
+    """Everything that makes batches, apart from the ``Loader`` the consumer holds: the
+    producer thread references only this, so dropping the last reference to a ``Loader``
+    collects it (and its ``__del__`` stops the thread)."""
+
+    def __init__(self, *, corpus: Corpus, decoder: Any, mode: str, batch_size: int,
+                 seq_len: int, pad_token_id: int, shuffle: bool, seed: int, rank: int,
+                 world_size: int, crc_drop_rate: float, output: str, mix: dict | None,
+                 mix_by: str, resident: bool) -> None:
+        self.corpus, self.decoder, self.mode = corpus, decoder, mode
+        self.batch_size, self.seq_len, self.pad_token_id = batch_size, seq_len, pad_token_id
+        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.crc_drop_rate, self.output = crc_drop_rate, output
+        self._setup_mix(mix, mix_by)
+        self._share_cache: tuple | None = None
+        self._buffer = np.empty(0, np.uint8)
+        self._source = self._make_resident() if resident else None
+
+    def run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
+        """Produce batches from ``state`` on, epoch after epoch, into ``out`` until ``stop``;
+        an exception is handed to the consumer in place of a batch."""
         def put(item: Any) -> bool:
             while not stop.is_set():
                 try:
@@ -292,13 +317,15 @@ class Loader:
             return False
 
         try:
-            for item in self._batches(state):
-                if stop.is_set() or not put(item):
-                    return
+            while not stop.is_set():
+                for item in self._batches(state):
+                    if not put(item):
+                        return
+                    if item[0] is _EPOCH_END:
+                        state = item[1]
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             put(_Failure(exc))
 
-    # --------------------------------------------------------------------------- producing
     def _share(self, epoch: int) -> tuple[np.ndarray, int, dict]:
         """This rank's packets of ``epoch`` after CRC-Drop and mixing, how many CRC-Drop
         removed, and per source how many packets mixing left unused."""
@@ -326,7 +353,7 @@ class Loader:
         (0 leaves it out on purpose), so no packet is left out silently."""
         self._mix_keys = self._mix_weights = None
         self._mix_names: list[str] = []
-        self._mix_spec = None
+        self.mix_spec = None
         self._mix_by = mix_by
         if mix_by not in ("group", "src"):
             raise ConfigError(f"mix_by must be 'group' or 'src', got {mix_by!r}")
@@ -363,7 +390,7 @@ class Loader:
         lookup = np.full(256 if mix_by == "src" else len(corpus.groups), -1, np.int64)
         lookup[values] = np.arange(values.shape[0])
         self._mix_keys = lookup
-        self._mix_spec = [[n, named[n]] for n in self._mix_names]
+        self.mix_spec = [[n, named[n]] for n in self._mix_names]
         mix([np.zeros(0, np.int64)] * len(values), self._mix_weights, seed=0, epoch=0, rank=0)
 
     def _source_key(self, packets: np.ndarray) -> np.ndarray:
@@ -563,6 +590,7 @@ class Loader:
         self._resident_offsets = corpus.offsets + byte_base[corpus.shard_of(
             np.arange(corpus.n_packets))]
         return self.decoder.resident(whole, name=f"corpus of {len(corpus.shards)} shards")
+
 
 
 def _host(array: Any) -> np.ndarray:

@@ -299,6 +299,16 @@ def test_break_close_and_garbage_collection_leave_no_threads(corpus_dir):
     del it, loader
     gc.collect()
     assert not _threads()
+    loader = make(corpus_dir)
+    take(loader)  # a whole epoch: the producer goes on into the next one ...
+    assert len(_threads()) == 1
+    del loader  # ... until the loader is dropped
+    gc.collect()
+    for _ in range(50):
+        if not _threads():
+            break
+        time.sleep(0.02)
+    assert not _threads()
 
 
 def test_stats_as_a_dict(corpus_dir, capsys):
@@ -412,6 +422,8 @@ def test_no_memory_growth_over_many_epochs(corpus_dir):
     finally:
         tracemalloc.stop()
     assert grown < 64 * 1024, f"{grown} bytes more after 25 epochs"
+    assert len(_threads()) == 1  # one producer for the loader's life, not one per epoch
+    loader.close()
     assert not _threads()
 
 
