@@ -30,3 +30,20 @@ def test_gpu_benchmark_smoke_run_under_the_simulator(tmp_path):
     for row in report["results"].values():
         assert row["batches"] == 3 and row["next_p50_us"] > 0
     assert "versions" in report["machine"] and report["config"]["packets"] == 24
+
+
+def test_loader_comparison_smoke_run(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_loaders.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("loaders-*.json")
+    report = json.loads(result.read_text())
+    names = [p["name"] for p in report["pipelines"]]
+    assert set(names) >= {"ndp-cpu-padded", "ndp-cpu-packed", "jsonl-tokenize",
+                          "memmap-get-batch", "threaded-numpy", "hf-datasets"}
+    for p in report["pipelines"]:
+        assert p["tokens_per_s"] > 0 and p["batches"] >= 1 and p["shape"] == [16, 1024]
+        assert p["time_to_first_batch_s"] > 0 and p["peak_rss_mb"] > 0
+    assert report["config"]["large_tokens"] >= 300_000
+    for name in report["figures"]:
+        assert (tmp_path / name).stat().st_size > 1000
