@@ -1,4 +1,4 @@
-"""The ``ndp`` command line: convert, index, inspect, verify, demo.
+"""The ``ndp`` command line: convert, export, index, inspect, verify, demo.
 
 Environment and logging are set up here, at the entry point, never at import of the library.
 Exit status: 0 success, 1 a check failed (verify found damage), 2 bad usage or input.
@@ -37,9 +37,45 @@ def _shard_paths(paths: list[str]) -> list[Path]:
     return out
 
 
+def _input_format(args: argparse.Namespace) -> str:
+    """``text`` or a token-file format: as ``--format`` says, else from the inputs' headers."""
+    from ndp.convert.sources import expand_inputs
+    from ndp.convert.tokenfiles import detect_token_format
+    from ndp.errors import ConfigError
+
+    if args.format != "auto":
+        return args.format
+    found = {p: detect_token_format(p) for p in expand_inputs(args.inputs)}
+    tokens = [p for p, f in found.items() if f]
+    text = [p for p, f in found.items() if not f]
+    if tokens and text:
+        raise ConfigError(
+            f"inputs mix token files ({tokens[0]}) with other files ({text[0]}); convert them "
+            "separately, or name the format with --format"
+        )
+    return "auto" if tokens else "text"
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     from ndp.convert import ConvertOptions, convert
+    from ndp.errors import ConfigError
 
+    fmt = _input_format(args)
+    if fmt != "text":
+        from ndp.convert.token_import import convert_token_files
+
+        summary = convert_token_files(
+            args.inputs, args.output, fmt=fmt, eos_token_id=args.eos_id, split=args.split,
+            src=args.src, dst=args.dst, max_shard_bytes=int(args.shard_size_mb * (1 << 20)),
+            overwrite=args.overwrite, progress=not args.no_progress,
+        )
+        print(summary.describe())
+        return 0
+    if args.tokenizer is None:
+        raise ConfigError(
+            "text inputs (JSONL, Parquet, plain text) need --tokenizer; llm.c and llm.q token "
+            "files are recognised by their headers, raw uint16 tokens need --format raw-u16"
+        )
     opts = ConvertOptions(
         max_tokens=args.max_tokens,
         overflow=args.overflow,
@@ -56,6 +92,19 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     )
     summary = convert(args.inputs, args.output, tokenizer=args.tokenizer, options=opts)
     print(summary.describe())
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ndp.convert.export_llmc import export_llmc
+
+    version = args.version if args.version == "auto" else int(args.version)
+    summary = export_llmc(args.data, args.output, version=version,
+                          shard_tokens=args.shard_tokens, overwrite=args.overwrite,
+                          progress=not args.no_progress)
+    print(summary.describe())
+    for path in summary.files:
+        print(f"  {path}")
     return 0
 
 
@@ -137,11 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ndp", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("convert", help="JSONL / Parquet / text -> NDP shards")
+    p = sub.add_parser("convert", help="JSONL / Parquet / text / token files -> NDP shards")
     p.add_argument("inputs", nargs="+", help="input files or directories")
     p.add_argument("output", help="output directory for shards, indexes and ndp.json")
-    p.add_argument("--tokenizer", required=True,
-                   help="local Hugging Face tokenizer directory or cached name (never downloaded)")
+    p.add_argument("--format", choices=("auto", "text", "llmc", "llmq", "raw-u16"),
+                   default="auto",
+                   help="input format; auto (default): llm.c / llm.q token files by their "
+                        "header, anything else is text; raw-u16 (headerless) must be named")
+    p.add_argument("--tokenizer", default=None,
+                   help="text inputs: local Hugging Face tokenizer directory or cached name "
+                        "(never downloaded); token files need none")
+    p.add_argument("--split", choices=("auto", "before", "after", "none"), default="auto",
+                   help="token files: documents start (before) or end (after) at each EOS/EOT; "
+                        "auto: before for llm.c, after for llm.q and raw")
     p.add_argument("--max-tokens", type=int, default=2048,
                    help="tokens per example, EOS included (default 2048)")
     p.add_argument("--overflow", choices=("truncate", "split"), default="truncate",
@@ -155,10 +212,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size-mb", type=float, default=256, help="roll over at this size")
     p.add_argument("--text-unit", choices=("file", "line"), default="file",
                    help="plain text inputs: one document per file or per line")
-    p.add_argument("--eos-id", type=int, default=None, help="EOS id if the tokenizer has none")
+    p.add_argument("--eos-id", "--eos-token-id", dest="eos_id", type=int, default=None,
+                   help="EOS id if the tokenizer has none; token files: the id documents are "
+                        "cut at (default 50256 for llm.c version 1, else not cut)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in OUTPUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("export", help="NDP shards -> llm.c token files")
+    p.add_argument("data", nargs="+", help="NDP shards or directories of them")
+    p.add_argument("-o", "--output", required=True,
+                   help="llm.c file to write (with --shard-tokens: NAME_000000.bin, ...)")
+    p.add_argument("--version", choices=("auto", "1", "2"), default="auto",
+                   help="1: uint16 tokens, 2: uint32; auto (default): 1 if every id fits")
+    p.add_argument("--shard-tokens", type=int, default=None,
+                   help="split into files of this many tokens")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the files of an earlier export")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("index", help="rebuild sidecar indexes by a framing scan")
     p.add_argument("shards", nargs="+", help="shard files or directories")

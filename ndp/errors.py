@@ -43,3 +43,17 @@ class TokenizerError(NDPError):
 
 class ConfigError(NDPError, ValueError):
     """An option has a value that cannot work; the message names the allowed range."""
+
+
+class TokenFileError(NDPError):
+    """A token file (llm.c, llm.q or raw uint16) is malformed or not what its format says.
+
+    ``path`` is the file; the message says what was expected, what was found and what to do.
+    """
+
+    def __init__(self, path: object, expected: str, found: str, hint: str) -> None:
+        super().__init__(f"{path}: expected {expected}, found {found}. {hint}")
+        self.path = str(path)
+        self.expected = expected
+        self.found = found
+        self.hint = hint
