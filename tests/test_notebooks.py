@@ -1,0 +1,146 @@
+"""The notebooks in ``notebooks/`` run top to bottom (CPU only, offline) and are committed clean.
+
+Each notebook is executed by ``nbclient`` in a fresh ``python3`` kernel whose working directory is
+``notebooks/``, as a reader's Jupyter would run it; any cell error fails the test with the
+cell's traceback. The notebooks write only into temporary directories. ``benchmark.ipynb`` is
+also run against a results directory of its own (``NDP_RESULTS_DIR``): one holding every kind of
+results file the notebook knows, plus files it must refuse, and an empty one, since the
+repository's own ``benchmarks/results/`` holds only some kinds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = ["quickstart.ipynb", "benchmark.ipynb", "integrity.ipynb"]
+
+
+def execute(name: str) -> nbformat.NotebookNode:
+    """Run every cell of ``notebooks/<name>``; raises ``CellExecutionError`` on a cell error."""
+    nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
+    client = NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})
+    start = time.perf_counter()
+    client.execute()
+    print(f"{name}: executed in {time.perf_counter() - start:.1f} s")
+    return nb
+
+
+def outputs(nb: nbformat.NotebookNode) -> list[dict]:
+    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+
+
+def text_of(nb: nbformat.NotebookNode) -> str:
+    """Everything the notebook printed (streams and plain-text results)."""
+    parts = []
+    for out in outputs(nb):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif "data" in out:
+            parts.append(out.data.get("text/plain", ""))
+    return "\n".join(parts)
+
+
+def images(nb: nbformat.NotebookNode) -> int:
+    return sum("image/png" in out.get("data", {}) for out in outputs(nb))
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_committed_without_outputs(name):
+    raw = json.loads((NOTEBOOKS_DIR / name).read_text())
+    nb = nbformat.reads(json.dumps(raw), as_version=4)
+    nbformat.validate(nb)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    code = [cell for cell in raw["cells"] if cell["cell_type"] == "code"]
+    assert code, f"{name} has no code cells"
+    for cell in code:
+        assert cell["outputs"] == [], f"{name}: cell {cell.get('id')} was committed with outputs"
+        assert cell["execution_count"] is None, f"{name}: cell {cell.get('id')} has a count"
+    assert any(cell["cell_type"] == "markdown" for cell in raw["cells"])
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs(name, monkeypatch):
+    monkeypatch.delenv("NDP_RESULTS_DIR", raising=False)  # benchmark.ipynb: the repository's files
+    nb = execute(name)
+    errors = [out for out in outputs(nb) if out.output_type == "error"]
+    assert not errors, errors
+    text = text_of(nb)
+    if name == "quickstart.ipynb":
+        assert "backend: " in text and "in the loss" in text
+    elif name == "integrity.ipynb":
+        assert "every packet is accounted for" in text
+    else:
+        results = NOTEBOOKS_DIR.parent / "benchmarks" / "results"
+        for path in sorted(results.glob("*.json")):
+            assert path.name in text  # every results file is listed
+
+
+def _write(path: Path, report) -> None:
+    path.write_text(report if isinstance(report, str) else json.dumps(report))
+
+
+def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monkeypatch):
+    machine = {"cpu": "test CPU", "cores": 2}
+    _write(tmp_path / "cpu-1.json", {
+        "command": "python benchmarks/bench_cpu.py", "date": "d", "machine": machine,
+        "decode": [{"token_width": 2, "masked": False, "packets": 8, "seq": 16, "batch": 4,
+                    "validate_tokens_per_s": 1.5e9, "validate_gb_per_s": 3.0,
+                    "padded_tokens_per_s": 6.5e8, "packed_tokens_per_s": None}],
+        "convert": {"sft": {"input_mb": 1.0, "examples": 10, "tokens": 1000, "seconds": 1.0,
+                            "tokens_per_s": 1000.0, "input_mb_per_s": 1.0}},
+    })
+    _write(tmp_path / "cpu-loader-1.json", {
+        "command": "python benchmarks/bench_cpu.py --only loader", "machine": machine,
+        "loader": [{"mode": "padded", "packets": 8, "seq_len": 16, "batch": 4, "prefetch": 2,
+                    "tokens_per_s": 3.0e8, "next_p50_us": 200.0, "next_p99_us": 300.0,
+                    "host_cpu_s_per_billion_tokens": 6.0}],
+    })
+    _write(tmp_path / "loaders-1.json", {
+        "command": "python benchmarks/bench_loaders.py --quick", "created": "c", "machine": machine,
+        "pipelines": [
+            {"name": "ndp-cpu-padded", "tokens_per_s": 3.0e8, "samples_per_s": 4000.0,
+             "next_p50_us": 200.0, "next_p99_us": 300.0, "host_cpu_s_per_billion_tokens": 6.0,
+             "peak_rss_mb": 300.0, "time_to_first_batch_s": 0.25},
+            {"name": "jsonl-tokenize", "tokens_per_s": 2.0e6, "samples_per_s": 800.0,
+             "next_p50_us": None, "next_p99_us": 30000.0, "host_cpu_s_per_billion_tokens": 900.0,
+             "peak_rss_mb": 900.0, "time_to_first_batch_s": 3.5},
+        ],
+    })
+    _write(tmp_path / "gpu-1.json", {
+        "created": "c", "machine": machine, "device": {"name": "Test GPU"},
+        "config": {"command": "python benchmarks/bench_gpu.py"},
+        "physical_limits": {"h2d_pinned_gb_per_s": 25.0, "d2d_gb_per_s": 1500.0},
+        "results": {"gpu_resident_padded": {"tokens_per_s": 6.0e10, "next_p50_us": 10.0,
+                                            "next_p99_us": 20.0}},
+    })
+    _write(tmp_path / "sim-1.json", {"results": {"gpu_host_padded": {"tokens_per_s": 1.0}}})
+    _write(tmp_path / "broken.json", "{not json")
+    _write(tmp_path / "other.json", {"something": 1})
+    monkeypatch.setenv("NDP_RESULTS_DIR", str(tmp_path))
+    nb = execute("benchmark.ipynb")
+    text = text_of(nb)
+    assert "kinds with no results file: none" in text
+    for shown in ("ndp-cpu-padded", "jsonl-tokenize", "gpu_resident_padded", "Test GPU",
+                  "650.0", "60.000", "3.50", "1,500.0"):
+        assert shown in text, shown
+    assert "n/a" in text  # the missing figures are marked, not filled in
+    for refused in ("sim-1.json", "broken.json", "other.json"):
+        assert refused in text.split("not shown:")[-1]
+    assert images(nb) == 4  # decode, loader, pipelines, GPU
+
+
+def test_benchmark_notebook_with_no_results(tmp_path, monkeypatch):
+    monkeypatch.setenv("NDP_RESULTS_DIR", str(tmp_path / "nothing-here"))
+    nb = execute("benchmark.ipynb")
+    text = text_of(nb)
+    assert "0 JSON file(s) (the directory does not exist)" in text
+    assert text.count(": skipped.") == 5 and "kinds with results: none" in text
+    assert images(nb) == 0
