@@ -25,7 +25,8 @@ does), EOS after each document. Every pipeline reads the same documents in its o
 Padded pipelines (``ndp-*-padded``, ``jsonl-tokenize``, ``hf-datasets``) deliver one document
 per row, cut at T; windowed ones deliver (x, y) windows of T+1 tokens. ``tokens_per_s`` counts
 real tokens (padding excluded), ``samples_per_s`` rows. Every pipeline runs in its own process
-(so peak RSS and CPU time are its own; CPU time includes DataLoader workers) for a time budget
+(so peak RSS and CPU time are its own; CPU time includes DataLoader workers, whose largest peak
+RSS is reported apart as ``worker_peak_rss_mb``) for a time budget
 after one warm-up batch, then its time to the first batch is measured again on a generated data
 set of at least 1 billion tokens (the same documents repeated) in a fresh process.
 
@@ -335,13 +336,25 @@ def run_one(name: str, root: Path, cfg: dict, *, seconds: float, first_only: boo
     cpu = time.process_time() - cpu0
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu += children.ru_utime + children.ru_stime
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + children.ru_maxrss
+    # VmHWM: this process's peak resident set since exec (ru_maxrss would carry the parent's
+    # over from fork); DataLoader workers are reported apart, as the largest one's peak
+    rss = _vm_hwm_kb()
+    worker_rss = children.ru_maxrss
     ms = np.array(lat) * 1e6
     return {"batches": len(lat), "tokens": tokens, "rows": rows, "seconds": wall,
             "tokens_per_s": tokens / wall, "samples_per_s": rows / wall,
             "next_p50_us": float(np.percentile(ms, 50)), "next_p99_us": float(np.percentile(ms, 99)),
             "host_cpu_s_per_billion_tokens": cpu / tokens * 1e9,
-            "peak_rss_mb": rss / 1024, "warm_time_to_first_batch_s": ttfb, "shape": shape}
+            "peak_rss_mb": rss / 1024, "worker_peak_rss_mb": worker_rss / 1024,
+            "warm_time_to_first_batch_s": ttfb, "shape": shape}
+
+
+def _vm_hwm_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def child(name: str, root: str, cfg: dict, seconds: float, first_only: bool) -> dict:

@@ -54,6 +54,8 @@ def resolve_backend(backend: str = "auto") -> Literal["cpu", "cuda"]:
     for ``"cuda"`` where no GPU can be used."""
     if backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "cpu":
+        return "cpu"  # without importing Numba's CUDA target (a quarter second) to ask
     reason = cuda_unavailable_reason()
     if backend == "cuda" and reason is not None:
         raise ConfigError(f"backend='cuda' was asked for, but {reason}; use backend='cpu'")

@@ -510,7 +510,14 @@ class _Producer:
         n = share.shape[0]
         counted_upto = pos  # packets before this were counted by an earlier batch
         while True:
-            cum = np.cumsum(tokens[share[pos:]])
+            # the packets from pos whose index lengths cover the window (a bounded look-ahead:
+            # a cumulative sum over the rest of the epoch would cost O(epoch) per batch)
+            ahead = 64
+            while True:
+                cum = np.cumsum(tokens[share[pos: pos + ahead]])
+                if (cum.shape[0] and cum[-1] >= tok + need) or pos + ahead >= n:
+                    break
+                ahead *= 4
             q = pos + int(np.searchsorted(cum, tok + need)) + 1
             while True:
                 q = min(q, n)
