@@ -61,11 +61,14 @@ class Corpus:
     ``paths``: a shard, a directory of shards, a list of them, or a dict naming groups of them
     (``{"code": "data/code/", "chat": ["a.ndp", "b.ndp"]}``) for mixing by group.
     ``on_stale`` is passed to ``load_index``: "rebuild" rescans a shard whose sidecar index
-    does not match it (with a warning), "error" refuses it.
+    does not match it (with a warning), "error" refuses it. ``verify`` says how an index is
+    matched to its shard: "size" (the default: size and entries, no read of the data, so a
+    training run does not read the whole data set before its first batch; the decoders check
+    every packet's CRC anyway) or "full" (also the crc32 of every shard, one full read).
     """
 
     def __init__(self, paths: PathLike | Sequence[PathLike] | Mapping[str, Any], *,
-                 on_stale: str = "rebuild"):
+                 on_stale: str = "rebuild", verify: str = "size"):
         if isinstance(paths, Mapping):
             self.groups = list(paths)
             grouped = [shard_paths(paths[name]) for name in self.groups]
@@ -83,7 +86,7 @@ class Corpus:
         #: stale or missing index: damage the index no longer lists as packets
         self.corruption: list[tuple[Path, Corruption]] = []
         for shard in self.shards:
-            index, scan = load_index_and_scan(shard, on_stale=on_stale)
+            index, scan = load_index_and_scan(shard, on_stale=on_stale, verify=verify)
             self.indexes.append(index)
             if scan is not None:
                 self.corruption.extend((shard.path, c) for c in scan.corrupt)

@@ -87,7 +87,7 @@ class NDPDataset:
         self.crc_drop_rate = float(crc_drop_rate)
         self.seed = int(seed)
         self.on_stale = on_stale
-        self._corpus: Corpus | None = Corpus(path, on_stale=on_stale)
+        self._corpus: Corpus | None = Corpus(path, on_stale=on_stale, verify="full")
         corpus = self._corpus
         self._paths = list(corpus.paths)
         self._n_packets = corpus.n_packets
@@ -117,7 +117,7 @@ class NDPDataset:
     def corpus(self) -> Corpus:
         """The opened shards (reopened lazily after unpickling, e.g. in a DataLoader worker)."""
         if self._corpus is None:
-            corpus = Corpus(self._paths, on_stale=self.on_stale)
+            corpus = Corpus(self._paths, on_stale=self.on_stale, verify="size")  # checked at build
             if corpus.n_packets != self._n_packets:
                 raise IndexMismatchError(
                     f"shards now hold {corpus.n_packets} packets, {self._n_packets} when the "

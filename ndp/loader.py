@@ -28,6 +28,10 @@ Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard g
 (``mix_by="group"``), or ``mix={"TEXT_CORPUS": 1, "CODE_REPO": 1}`` by packet SRC
 (``mix_by="src"``); every source needs a weight (0 leaves it out, counted).
 
+Indexes are matched to their shards by size (``verify="size"``), not by reading every shard to
+compare its crc32 (``verify="full"``): time to the first batch does not grow with the data set,
+and every packet's CRC is still checked as it is decoded.
+
 The state (``state_dict``) is the epoch and a (packet, token) position in this rank's order,
 plus the settings it is only valid for; ``load_state_dict`` refuses a state made with others.
 
@@ -137,6 +141,7 @@ class Loader:
         progress: bool = False,
         mix: dict[str | int, float] | None = None,
         mix_by: str = "group",
+        verify: str = "size",
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
@@ -147,7 +152,7 @@ class Loader:
         if output not in ("torch", "arrays"):
             raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
         drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
-        self.corpus = data if isinstance(data, Corpus) else Corpus(data)
+        self.corpus = data if isinstance(data, Corpus) else Corpus(data, verify=verify)
         self.mode, self.batch_size, self.seq_len = mode, batch_size, seq_len
         self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
         self.rank, self.world_size = rank_and_world(rank, world_size)

@@ -233,7 +233,8 @@ def test_crc_drop_is_seeded_and_counted_apart(corpus_dir):
         make(corpus_dir, crc_drop_rate=1.0)
 
 
-def test_corrupted_packets_are_lost_alone_and_counted(tmp_path):
+@pytest.mark.parametrize("verify", ["size", "full"])
+def test_corrupted_packets_are_lost_alone_and_counted(tmp_path, verify):
     specs = ramp_specs([5, 6, 7, 8, 9, 10])
     packets = [s.encode() for s in specs]
     packets.insert(2, encode_packet(b"\x00" * 7, typ=Typ.TOKEN_IDS))  # BAD_LENGTH
@@ -242,15 +243,23 @@ def test_corrupted_packets_are_lost_alone_and_counted(tmp_path):
     raw = bytearray(info.path.read_bytes())
     at = raw.rindex(encode_tokens(ramp(5, 10)))  # damage the last packet's payload
     raw[at + 12] ^= 0x40
-    info.path.write_bytes(bytes(raw))  # the sidecar index is now stale: rebuilt with a warning
-    with pytest.warns(UserWarning, match="scanning the shard"):
-        loader = make(tmp_path, shuffle=False, batch_size=3, seq_len=12)
+    info.path.write_bytes(bytes(raw))
+    if verify == "full":  # the crc32 check finds the index stale: rescanned with a warning
+        with pytest.warns(UserWarning, match="scanning the shard"):
+            loader = make(tmp_path, shuffle=False, batch_size=3, seq_len=12, verify=verify)
+    else:  # the index still matches by size; the packet's own CRC catches the damage
+        loader = make(tmp_path, shuffle=False, batch_size=3, seq_len=12, verify=verify)
     seen = packets_of(take(loader))
     assert seen == [0, 1, 2, 3, 4]  # every intact packet, nothing else
     s = loader.stats
-    assert s.corrupt == {"BAD_LENGTH": 1, "UNKNOWN_TYPE": 1}
-    assert s.corrupt_regions == 1 and s.corrupt_bytes == len(packets[-1])
-    assert s.packets == 7 and s.valid == 5
+    if verify == "full":
+        assert s.corrupt == {"BAD_LENGTH": 1, "UNKNOWN_TYPE": 1}
+        assert s.corrupt_regions == 1 and s.corrupt_bytes == len(packets[-1])
+        assert s.packets == 7 and s.valid == 5
+    else:
+        assert s.corrupt == {"BAD_LENGTH": 1, "UNKNOWN_TYPE": 1, "BAD_CRC": 1}
+        assert s.corrupt_regions == 0
+        assert s.packets == 8 and s.valid == 5
 
 
 # --- the producer thread --------------------------------------------------------------------

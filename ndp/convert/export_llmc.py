@@ -185,7 +185,7 @@ def export_llmc(
     if shard_tokens is not None and shard_tokens < 1:
         raise ConfigError(f"shard_tokens must be >= 1, got {shard_tokens}")
     started = time.perf_counter()
-    corpus = Corpus(data)
+    corpus = Corpus(data, verify="full")
     try:
         if corpus.corruption:
             path, c = corpus.corruption[0]
