@@ -1,7 +1,7 @@
 """ndp against the loaders people use today: same tokens, same batch shape, same machine, one run.
 
     pip install -e ".[dev]"                        # or ".[tokenize,torch,bench]"
-    python benchmarks/bench_loaders.py             # ~10 minutes on 2 cores (1B-token data set)
+    python benchmarks/bench_loaders.py             # ~4 minutes on 2 cores (1B-token data set)
     python benchmarks/bench_loaders.py --quick     # small data, for a smoke run
 
 Data: the Python standard library's source, cut at line boundaries into documents of about
