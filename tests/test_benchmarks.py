@@ -47,3 +47,17 @@ def test_loader_comparison_smoke_run(tmp_path):
     assert report["config"]["large_tokens"] >= 300_000
     for name in report["figures"]:
         assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_training_ab_smoke_run_curves_coincide(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / "train_ab.py"), "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("train-ab-*.json")
+    report = json.loads(result.read_text())
+    assert set(report["runs"]) == {"ndp", "jsonl-tokenize"}
+    for run in report["runs"].values():
+        assert len(run["loss"]) == 5 and 0 <= run["wait_fraction"] <= 1
+    # the same tokens in the same order from both pipelines: the same training, bit for bit
+    assert report["max_abs_loss_difference"] == 0
+    assert (tmp_path / report["figure"]).stat().st_size > 1000
