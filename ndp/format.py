@@ -93,7 +93,9 @@ Sidecar index
     entry:  offset <u8 | LEN <u2 | SRC u1 | DST u1 | TYP u1 | 3 zero bytes
 
 An index whose shard size or crc32 does not match its shard is stale: it is refused or rebuilt
-by a framing scan, never trusted.
+by a framing scan, never trusted. Readers that validate every packet they decode may match by
+size alone (``verify="size"``, the loader's default: no full read of the data before the first
+batch); a shard changed in place then shows up as corrupt packets, never as wrong tokens.
 """
 
 from __future__ import annotations
