@@ -58,6 +58,8 @@ from bench_cpu import RESULTS, machine  # noqa: E402
 PIPELINES = ["ndp-cpu-padded", "ndp-cpu-packed", "jsonl-tokenize", "memmap-get-batch",
              "threaded-numpy", "hf-datasets"]
 GPU_PIPELINES = ["ndp-gpu-padded", "ndp-gpu-packed"]
+#: the ``ndp.Loader`` backend of each ``ndp-<kind>-<mode>`` pipeline
+NDP_BACKENDS = {"cpu": "cpu", "gpu": "cuda"}
 
 
 # --- data -----------------------------------------------------------------------------------
@@ -291,8 +293,8 @@ def pipe_hf(root: Path, cfg: dict):
 
 def make_pipeline(name: str, root: Path, cfg: dict):
     if name.startswith("ndp-"):
-        _, backend, mode = name.split("-")
-        return pipe_ndp(root, cfg, mode=mode, backend=backend)
+        _, kind, mode = name.split("-")
+        return pipe_ndp(root, cfg, mode=mode, backend=NDP_BACKENDS[kind])
     return {"jsonl-tokenize": pipe_jsonl, "memmap-get-batch": pipe_memmap,
             "threaded-numpy": pipe_threaded, "hf-datasets": pipe_hf}[name](root, cfg)
 

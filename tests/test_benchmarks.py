@@ -61,3 +61,23 @@ def test_training_ab_smoke_run_curves_coincide(tmp_path):
     # the same tokens in the same order from both pipelines: the same training, bit for bit
     assert report["max_abs_loss_difference"] == 0
     assert (tmp_path / report["figure"]).stat().st_size > 1000
+
+
+def test_every_ndp_pipeline_of_the_loader_comparison_names_a_real_backend():
+    """The GPU rows run only on a GPU machine, so their Loader arguments are checked here: they
+    once asked for backend='gpu', which the Loader refuses."""
+    import importlib
+
+    from ndp.backend import BACKENDS
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        bench = importlib.import_module("bench_loaders")
+    finally:
+        sys.path.remove(str(BENCH))
+    names = [n for n in bench.GPU_PIPELINES + bench.PIPELINES if n.startswith("ndp-")]
+    assert {n.split("-")[1] for n in names} == {"cpu", "gpu"}
+    for name in names:
+        kind, mode = name.split("-")[1:]
+        assert bench.NDP_BACKENDS[kind] in BACKENDS and bench.NDP_BACKENDS[kind] != "auto"
+        assert mode in ("padded", "packed", "packing")

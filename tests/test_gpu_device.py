@@ -119,11 +119,27 @@ def test_cupy_takes_batches_through_dlpack():
 @pytest.mark.skipif(not shutil.which("compute-sanitizer"), reason="compute-sanitizer not found")
 def test_memcheck_is_clean_on_hostile_input():
     proc = subprocess.run(
-        ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9", sys.executable,
-         str(HOSTILE_RUN)],
+        # --report-api-errors no: the CUDA bindings probe driver entry points
+        # (cuGetProcAddress_v2 -> CUDA_ERROR_INVALID_VALUE) on purpose; those are not memory
+        # errors, and with them reported the run fails 34 times on a clean H100 run
+        ["compute-sanitizer", "--tool", "memcheck", "--report-api-errors", "no",
+         "--error-exitcode", "9", sys.executable, str(HOSTILE_RUN)],
         capture_output=True, text=True, timeout=1200,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "ERROR SUMMARY: 0 errors" in out
     assert "equal to the CPU" in out
+
+
+def test_small_decodes_print_no_low_occupancy_warnings():
+    """ndp sizes its grids on purpose; Numba's 'Grid size 1 will likely result in GPU
+    under-utilization' was printed dozens of times per run."""
+    import warnings
+
+    stream = big_stream(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dec = CudaDecoder()
+        dec.decode_padded(stream.array, stream.offsets, max_seq_length=16)
+        dec.decode_packed(stream.array, stream.offsets, batch_size=1, seq_len=8)

@@ -144,3 +144,17 @@ def test_benchmark_notebook_with_no_results(tmp_path, monkeypatch):
     assert "0 JSON file(s) (the directory does not exist)" in text
     assert text.count(": skipped.") == 5 and "kinds with results: none" in text
     assert images(nb) == 0
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_code_runs_on_gpu_batches_too(name):
+    """With ``backend="auto"`` a GPU machine hands the notebooks CUDA tensors, on which
+    ``.numpy()`` raises: every ``.numpy()`` must follow ``.cpu()`` (this machine has no GPU, so
+    the run above cannot show it)."""
+    import re
+
+    nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            bare = re.findall(r"(?<!\.cpu\(\))\.numpy\(\)", cell.source)
+            assert not bare, f"{name}: cell {cell.get('id')} calls .numpy() without .cpu()"

@@ -27,7 +27,8 @@ def test_padded_batch_feeds_embedding_and_cross_entropy(backend):
         assert t.dtype == torch.int64
         np.testing.assert_array_equal(t.cpu().numpy(), getattr(ref, name))
     ids = tensors["input_ids"] % 64
-    logits = torch.nn.Embedding(64, 64)(ids)
+    # the model lives where the batch lives (cuda:0 on a GPU, the CPU under the simulator)
+    logits = torch.nn.Embedding(64, 64).to(ids.device)(ids)
     labels = torch.where(tensors["labels"] == IGNORE_INDEX, IGNORE_INDEX, tensors["labels"] % 64)
     loss = torch.nn.functional.cross_entropy(logits.view(-1, 64), labels.view(-1),
                                              ignore_index=IGNORE_INDEX)
