@@ -162,9 +162,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print("verify: no shards found", file=sys.stderr)
         return 2
     for path in paths:
-        report = inspect_shard(path)
+        report = inspect_shard(path, require_index=args.require_index)
         if report.ok:
-            print(f"OK    {path}: {report.packets:,} packets, {report.tokens:,} tokens")
+            note = ("; no index (packets checked by a framing scan; `ndp index` writes one)"
+                    if report.index == "missing" else "")
+            print(f"OK    {path}: {report.packets:,} packets, {report.tokens:,} tokens{note}")
             continue
         failed += 1
         print(f"FAIL  {path}: {len(report.problems)} problem(s)")
@@ -243,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="exit 1 on any corrupt packet or index mismatch")
     p.add_argument("shards", nargs="+", help="shard files or directories")
+    p.add_argument("--require-index", action="store_true",
+                   help="fail a shard that has no .idx beside it (by default a missing index "
+                        "is reported, and the packets are checked by a framing scan)")
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("demo", help="the embedded default job: stdlib corpus end to end, offline")
@@ -254,11 +259,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_to_stderr() -> None:
+    """Show ndp's own INFO messages on stderr. Only the ``ndp`` logger is configured: setting the
+    root logger to INFO (as ``logging.basicConfig`` would) also shows every library's INFO
+    messages, Numba's CUDA driver's among them, in the caller's process (a notebook that calls
+    ``main`` included)."""
+    log = logging.getLogger("ndp")
+    if not log.hasHandlers():  # nobody configured logging: print ndp's own messages
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ndp`` console script."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # ndp never downloads a tokenizer
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    _log_to_stderr()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -19,6 +19,7 @@ array and DLPack hands out CPU tensors; streams and events do nothing.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -190,6 +191,21 @@ class Buffer:
     def view(self, stream: Any, rows: int | None = None) -> DeviceArray:
         array = self._export if rows is None else self._export[:rows]
         return DeviceArray(array, stream, self.consumers)
+
+
+def configure(kernel: Any, grid: int, block: int, stream: Any) -> Any:
+    """``kernel[grid, block, stream]``: a launcher to keep and call (building one costs more than
+    launching it), without Numba's warning that a grid under 128 blocks under-uses the GPU.
+
+    ndp sizes its grids on purpose (one block for a scan, as many as the work for small
+    batches), and Numba warns when the launcher is built, so only ndp's own launchers are
+    silenced: the filter lives for this call, and the user's warnings are left alone."""
+    from numba.core.errors import NumbaPerformanceWarning
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=NumbaPerformanceWarning,
+                                message=".*Grid size")  # Numba colours its messages
+        return kernel[grid, block, stream]
 
 
 def pinned(shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:

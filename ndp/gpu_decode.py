@@ -36,7 +36,8 @@ import numpy as np
 
 from ndp.backend import simulated
 from ndp.decode import DecodeStats, PackedBatch, PaddedBatch, StreamExhausted
-from ndp.device import Buffer, DeviceArray, device_memory_info, new_event, new_stream, pinned
+from ndp.device import (Buffer, DeviceArray, configure, device_memory_info, new_event,
+                        new_stream, pinned)
 from ndp.errors import ConfigError
 from ndp.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
 from ndp.kernels.crc16 import CRC16_TABLES
@@ -395,7 +396,8 @@ class CudaDecoder:
         key = (kernel, grid, block)
         launcher = self._launch_cache.get(key)
         if launcher is None:
-            launcher = self._launch_cache[key] = kernel[grid, block, self.compute_stream]
+            launcher = self._launch_cache[key] = configure(kernel, grid, block,
+                                                           self.compute_stream)
         return launcher
 
 

@@ -59,9 +59,13 @@ def _histogram(counts: np.ndarray) -> dict[str, int]:
     return {f"{lo}-{hi - 1}": int(n) for lo, hi, n in zip(edges[:-1], edges[1:], hist) if n}
 
 
-def inspect_shard(path: str | Path) -> ShardReport:
+def inspect_shard(path: str | Path, *, require_index: bool = False) -> ShardReport:
     """Scan ``path`` and report its packets, corrupt regions and index state. Never raises for
-    damaged bytes; a newer format version or an unreadable file is a problem in the report."""
+    damaged bytes; a newer format version or an unreadable file is a problem in the report.
+
+    A stale index is a problem. A missing one is not damage (a headerless stream of packets is
+    a valid shard, and the framing scan has checked every packet anyway): it is reported in
+    ``index`` only, and is a problem only with ``require_index``."""
     try:
         shard = Shard(path)
     except (NDPError, OSError) as err:
@@ -95,7 +99,7 @@ def inspect_shard(path: str | Path) -> ShardReport:
             if code in (DropReason.BAD_LENGTH, DropReason.UNKNOWN_TYPE):
                 report.problems += [f"byte {o}: packet {DropReason(code).name}" for o in bad[:100]]
     report.index = _index_state(shard, offsets)
-    if report.index != "ok":
+    if report.index != "ok" and (report.index != "missing" or require_index):
         report.problems.append(f"index: {report.index}")
     return report
 

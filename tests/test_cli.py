@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ndp.cli import main
@@ -72,7 +73,7 @@ def test_verify_flags_missing_and_stale_index_and_index_rebuilds(converted, tmp_
     out = copy_out(converted, tmp_path)
     shard = next(out.glob("*.ndp"))
     Path(str(shard) + ".idx").unlink()
-    assert main(["verify", str(shard)]) == 1
+    assert main(["verify", "--require-index", str(shard)]) == 1
     assert main(["index", str(shard)]) == 0
     assert main(["verify", str(shard)]) == 0
     with open(shard, "ab") as f:  # truncated tail: half a packet appended
@@ -95,3 +96,33 @@ def test_console_script_is_installed():
     script = shutil.which("ndp") or str(Path(sys.executable).with_name("ndp"))
     result = subprocess.run([script, "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "convert" in result.stdout and "verify" in result.stdout
+
+
+def test_verify_passes_a_valid_shard_without_an_index_and_says_so(tmp_path, capsys):
+    """A headerless stream of good packets with no .idx is a valid shard: verify checks its
+    packets by a framing scan and passes, saying no index was found; --require-index fails it."""
+    from ndp.packet import encode_tokens
+
+    shard = tmp_path / "plain.ndp"
+    shard.write_bytes(b"".join(encode_tokens(k * 1000 + np.arange(k + 1)) for k in range(20)))
+    capsys.readouterr()
+    assert main(["verify", str(shard)]) == 0
+    out = capsys.readouterr().out
+    assert "OK" in out and "20 packets" in out and "no index" in out and "ndp index" in out
+    assert main(["verify", "--require-index", str(shard)]) == 1
+    assert "index: missing" in capsys.readouterr().out
+    shard.write_bytes(shard.read_bytes()[:-3])  # damage is still found without an index
+    assert main(["verify", str(shard)]) == 1
+
+
+def test_the_command_line_shows_ndp_logs_without_turning_on_other_libraries_logs(converted):
+    """main() once set the root logger to INFO, so a notebook that called it printed Numba's
+    CUDA driver messages ('INFO numba.cuda.cudadrv.driver: init') from then on."""
+    import logging
+
+    root_level = logging.getLogger().level
+    assert main(["verify", str(converted[0])]) == 0
+    assert logging.getLogger().level == root_level
+    assert logging.getLogger("ndp").getEffectiveLevel() == logging.INFO
+    if root_level > logging.INFO:
+        assert not logging.getLogger("numba.cuda.cudadrv.driver").isEnabledFor(logging.INFO)
