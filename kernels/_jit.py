@@ -1,15 +1,15 @@
 """The one place CPU kernels are compiled.
 
 ``cache=True`` keeps compiled machine code in ``__pycache__`` so only the first run on a machine
-pays Numba's compile time (seconds per parallel kernel); ``nogil`` lets a loader thread decode
-while Python runs. Set ``NUMBA_DISABLE_JIT=1`` to run every kernel as plain Python for debugging.
+pays Numba's compile time; ``nogil`` lets a loader thread decode while Python runs, and lets
+``ndp.threads.parallel_for`` run one kernel's ranges on several threads at once. No kernel uses
+``parallel=True``: Numba's OpenMP workers spin while idle (see ``ndp.threads``). Set
+``NUMBA_DISABLE_JIT=1`` to run every kernel as plain Python for debugging.
 """
 
 from __future__ import annotations
 
 import numba
 
-#: a serial CPU kernel or helper
+#: a CPU kernel or helper (serial; ``ndp.threads`` runs ranges of its work in parallel)
 cpu_kernel = numba.njit(cache=True, nogil=True)
-#: a CPU kernel whose outer ``prange`` loop runs on every core
-cpu_parallel_kernel = numba.njit(cache=True, nogil=True, parallel=True)

@@ -1,23 +1,25 @@
 """Decode and build, fused: big-endian tokens straight into training arrays (CPU reference).
 
-Two layouts, both written into caller-owned int64 arrays:
+Three layouts, all written into caller-owned int64 arrays:
 
 * padded (SFT): one packet per row, truncated to ``max_len``; ``input_ids`` padded with
   ``pad_id``; ``labels`` equal to the token where its mask bit is 1 (or the packet has no mask)
   and ``IGNORE_INDEX`` (-100) at masked tokens and padding; ``attention_mask`` 1 then 0.
-* packed (pretraining): the tokens of the rows, concatenated in order, read as one stream; row
-  ``b`` of the batch is the window ``stream[start + b*T : start + b*T + T + 1]`` split into
-  ``x = window[:-1]`` and ``y = window[1:]`` (``y`` is -100 where that token's mask bit is 0).
+* packed (pretraining): the tokens of the rows, concatenated in order, read as one stream; window
+  ``w`` is ``stream[start + w*T : start + w*T + T + 1]`` split into ``x[w] = window[:-1]`` and
+  ``y[w] = window[1:]`` (``y`` is -100 where that token's mask bit is 0).
+* packing (SFT, packed rows): documents laid end to end in rows (placed by ``ndp.packing``):
+  per document its tokens, labels (-100 at its first token, so no document learns to predict
+  the next one's start), attention 1 and ``position_ids`` from 0; padding elsewhere.
 
-Callers pass only packets whose validation status is OK (see ``compact``); layouts are read
-from the packet header again here, so each row is independent and runs on any core.
+Callers pass only packets whose verdict is OK (``verdict``); layouts are read from the packet
+header again here, so each row is independent. Every function takes ``lo, hi`` last: the range
+of rows (windows) it fills, so ``ndp.threads.parallel_for`` can split the work.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
-
 from ndp.format import (
     HEADER_BYTES,
     IGNORE_INDEX,
@@ -25,7 +27,11 @@ from ndp.format import (
     TYP_MASKED_TABLE,
     TYP_WIDTH_TABLE,
 )
-from ndp.kernels._jit import cpu_kernel, cpu_parallel_kernel
+from ndp.kernels._jit import cpu_kernel
+from ndp.threads import parallel_for
+
+#: tokens per thread at least: below this a worker's hand-off (tens of us) costs more than it saves
+GRAIN_TOKENS = 32768
 
 
 @cpu_kernel
@@ -64,13 +70,12 @@ def in_loss(shard, mask, t):  # pragma: no cover - compiled
     return ((np.int64(shard[mask + t // 8]) >> (t % 8)) & 1) == 1
 
 
-@cpu_parallel_kernel
-def _build_padded(
-    shard, offsets, rows, n_rows, pad_id, input_ids, labels, attention_mask, lengths, w_t, m_t
-):  # pragma: no cover - compiled
+@cpu_kernel
+def _build_padded(shard, offsets, row_packet, pad_id, input_ids, labels, attention_mask, w_t, m_t,
+                  lo, hi):  # pragma: no cover - compiled
     max_len = input_ids.shape[1]
-    for r in prange(n_rows):
-        off = np.int64(offsets[rows[r]])
+    for r in range(lo, hi):
+        off = np.int64(offsets[row_packet[r]])
         n, tok, mask, width = token_layout(shard, off, w_t, m_t)
         m = min(n, max_len)
         for t in range(m):
@@ -82,34 +87,28 @@ def _build_padded(
             input_ids[r, t] = pad_id
             labels[r, t] = IGNORE_INDEX
             attention_mask[r, t] = 0
-        lengths[r] = n
 
 
 def build_padded_cpu(
     shard: np.ndarray,
     offsets: np.ndarray,
-    rows: np.ndarray,
-    n_rows: int,
+    row_packet: np.ndarray,
     pad_id: int,
     input_ids: np.ndarray,
     labels: np.ndarray,
     attention_mask: np.ndarray,
-    lengths: np.ndarray,
 ) -> None:
-    """Fill rows ``[0, n_rows)`` of the (R, L) int64 outputs from packets ``offsets[rows[r]]``.
-
-    ``lengths[r]`` receives the packet's full token count (before truncation to L), so the
-    caller can count truncated tokens. Synchronous; allocates nothing.
-    """
-    _build_padded(
-        shard, offsets, rows, n_rows, pad_id, input_ids, labels, attention_mask, lengths,
-        TYP_WIDTH_TABLE, TYP_MASKED_TABLE,
-    )
+    """Fill row ``r`` of the (R, L) int64 outputs from packet ``offsets[row_packet[r]]``, for
+    every ``r < row_packet.shape[0]`` (valid token packets only). Synchronous; allocates
+    nothing."""
+    parallel_for(_build_padded, row_packet.shape[0], shard, offsets, row_packet, pad_id,
+                 input_ids, labels, attention_mask, TYP_WIDTH_TABLE, TYP_MASKED_TABLE,
+                 grain=max(1, GRAIN_TOKENS // max(1, input_ids.shape[1])))
 
 
-@cpu_parallel_kernel
-def _token_counts(shard, offsets, rows, n_rows, counts, w_t, m_t):  # pragma: no cover
-    for r in prange(n_rows):
+@cpu_kernel
+def _token_counts(shard, offsets, rows, counts, w_t, m_t, lo, hi):  # pragma: no cover
+    for r in range(lo, hi):
         counts[r] = token_layout(shard, np.int64(offsets[rows[r]]), w_t, m_t)[0]
 
 
@@ -117,13 +116,14 @@ def token_counts_cpu(
     shard: np.ndarray, offsets: np.ndarray, rows: np.ndarray, n_rows: int, counts: np.ndarray
 ) -> None:
     """Token count of each valid row's packet into ``counts[:n_rows]``."""
-    _token_counts(shard, offsets, rows, n_rows, counts, TYP_WIDTH_TABLE, TYP_MASKED_TABLE)
+    parallel_for(_token_counts, n_rows, shard, offsets, rows, counts, TYP_WIDTH_TABLE,
+                 TYP_MASKED_TABLE, grain=4096)
 
 
-@cpu_parallel_kernel
-def _build_packed(shard, offsets, rows, cum, start, x, y, w_t, m_t):  # pragma: no cover
-    n_batch, seq = x.shape
-    for b in prange(n_batch):
+@cpu_kernel
+def _build_packed(shard, offsets, rows, cum, start, x, y, w_t, m_t, lo, hi):  # pragma: no cover
+    seq = x.shape[1]
+    for b in range(lo, hi):
         s = start + b * seq  # stream position of x[b, 0]
         r = np.searchsorted(cum, s, side="right") - 1  # cum[r] <= s < cum[r + 1]
         n, tok, mask, width = token_layout(shard, np.int64(offsets[rows[r]]), w_t, m_t)
@@ -150,10 +150,57 @@ def build_packed_cpu(
     x: np.ndarray,
     y: np.ndarray,
 ) -> None:
-    """Fill (B, T) int64 ``x``/``y`` with windows of T+1 tokens from the concatenated stream.
+    """Fill (W, T) int64 ``x``/``y`` with windows of T+1 tokens from the concatenated stream.
 
     ``cum`` is the exclusive prefix sum of the rows' token counts with the total appended
-    (length ``n_rows + 1``); the caller guarantees ``start + B*T + 1 <= cum[-1]``.
+    (length ``n_rows + 1``); the caller guarantees ``start + W*T + 1 <= cum[-1]``.
     Synchronous; allocates nothing.
     """
-    _build_packed(shard, offsets, rows, cum, start, x, y, TYP_WIDTH_TABLE, TYP_MASKED_TABLE)
+    parallel_for(_build_packed, x.shape[0], shard, offsets, rows, cum, np.int64(start), x, y,
+                 TYP_WIDTH_TABLE, TYP_MASKED_TABLE,
+                 grain=max(1, GRAIN_TOKENS // max(1, x.shape[1])))
+
+
+@cpu_kernel
+def _build_packing(shard, offsets, doc_packet, doc_col, doc_len, row_docs, pad_id, input_ids,
+                   labels, attention_mask, position_ids, w_t, m_t, lo, hi):  # pragma: no cover
+    row_len = input_ids.shape[1]
+    for r in range(lo, hi):
+        for c in range(row_len):
+            input_ids[r, c] = pad_id
+            labels[r, c] = IGNORE_INDEX
+            attention_mask[r, c] = 0
+            position_ids[r, c] = 0
+        for d in range(row_docs[r], row_docs[r + 1]):
+            n, tok, mask, width = token_layout(shard, np.int64(offsets[doc_packet[d]]), w_t, m_t)
+            col = doc_col[d]
+            for t in range(doc_len[d]):
+                value = token_at(shard, tok, t, width)
+                input_ids[r, col + t] = value
+                if t > 0 and in_loss(shard, mask, t):
+                    labels[r, col + t] = value
+                attention_mask[r, col + t] = 1
+                position_ids[r, col + t] = t
+
+
+def build_packing_cpu(
+    shard: np.ndarray,
+    offsets: np.ndarray,
+    doc_packet: np.ndarray,
+    doc_col: np.ndarray,
+    doc_len: np.ndarray,
+    row_docs: np.ndarray,
+    pad_id: int,
+    input_ids: np.ndarray,
+    labels: np.ndarray,
+    attention_mask: np.ndarray,
+    position_ids: np.ndarray,
+) -> None:
+    """Fill rows ``[0, row_docs.shape[0] - 1)`` of the (R, L) int64 outputs: row ``r`` holds
+    documents ``row_docs[r] <= d < row_docs[r + 1]``, document ``d`` being the first
+    ``doc_len[d]`` (<= L) tokens of packet ``offsets[doc_packet[d]]`` at column ``doc_col[d]``;
+    the rest of the row is padding. Synchronous; allocates nothing."""
+    parallel_for(_build_packing, row_docs.shape[0] - 1, shard, offsets, doc_packet, doc_col,
+                 doc_len, row_docs, pad_id, input_ids, labels, attention_mask, position_ids,
+                 TYP_WIDTH_TABLE, TYP_MASKED_TABLE,
+                 grain=max(1, GRAIN_TOKENS // max(1, input_ids.shape[1])))

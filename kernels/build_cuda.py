@@ -4,14 +4,15 @@ training arrays, one thread per output token.
 
 * ``build_padded_cuda``: a block per row (grid-stride over rows), its threads across the row's
   positions, so neighbouring threads write neighbouring int64s;
-* ``build_packed_cuda``: a thread per stream position of the batch's windows; each finds its
-  packet by binary search over the cumulative token counts (``token_cum_cuda``) and writes the
-  token into ``x`` and its label into ``y`` (the same position one window slot earlier).
+* ``build_packed_cuda``: a thread per stream position of the windows; each finds its packet by
+  binary search over the cumulative token counts (made on the host from the verdicts) and writes
+  the token into ``x`` and its label into ``y`` (the same position one window slot earlier);
+* ``build_packing_cuda``: a block per row, a thread per column; each finds the document that
+  covers its column by binary search over the row's documents, or writes padding.
 
-The number of valid rows is read on the device from ``counts[OK]`` (written by
-``compact_cuda``), so the host launches build right after compaction without waiting. Reads
-trust only what validation proved: rows are packets whose frame and payload layout fit inside
-the shard; writes are bounded by the output shapes.
+The host lays the rows out from the verdicts (``ndp.layout``) before it launches these, so one
+launch builds every batch of a chunk. Reads trust only what validation proved: rows are packets
+whose frame and payload layout fit inside their shard; writes are bounded by the output shapes.
 """
 
 from __future__ import annotations
@@ -19,23 +20,13 @@ from __future__ import annotations
 from numba import cuda, int64
 
 from ndp.backend import simulated
-from ndp.format import IGNORE_INDEX, DropReason
+from ndp.format import IGNORE_INDEX
 from ndp.kernels.build import in_loss, token_at, token_layout
 
-OK = int(DropReason.OK)
-#: threads per block of the build kernels (fewer under the simulator, where threads are slow)
-BUILD_BLOCK = 16 if simulated() else 256
-
-# The ``counts`` array (int64, COUNT_SLOTS long) that one decode's kernels fill and the host
-# reads back in one small copy: slots 0..len(DropReason)-1 count packets per DropReason
-# (``compact_cuda``; slot OK is the number of valid rows), then:
-#: tokens written into padded rows (``build_padded_cuda``)
-TOKENS_SLOT = 8
-#: tokens cut from padded rows longer than ``max_seq_length`` (``build_padded_cuda``)
-TRUNCATED_SLOT = 9
-#: tokens in the stream of valid packets (``token_cum_cuda``)
-STREAM_TOTAL_SLOT = 10
-COUNT_SLOTS = 16
+#: threads per block of the build kernels. Under the simulator one: its threads are Python
+#: threads that take a lock around every device-function call, and contended they convoy on the
+#: GIL (seconds per chunk); the kernel tests launch several threads per block explicitly.
+BUILD_BLOCK = 1 if simulated() else 256
 
 
 # The CPU reference's own Python source, compiled for the device: one definition, two targets.
@@ -57,15 +48,13 @@ def label_of_dev(shard, mask, t, value):  # pragma: no cover - compiled
 
 @cuda.jit(cache=True)
 def build_padded_cuda(
-    shard, offsets, rows, counts, pad_id, input_ids, labels, attention_mask, lengths, w_t, m_t
+    shard, offsets, row_packet, pad_id, input_ids, labels, attention_mask, w_t, m_t
 ):  # pragma: no cover - compiled
-    """Rows ``[0, counts[OK])`` of the (R, L) outputs, as ``build_padded_cpu``; adds the
-    delivered and truncated token totals into ``counts[TOKENS_SLOT]`` / ``[TRUNCATED_SLOT]``
-    (integer atomics: the sums do not depend on the order blocks run in)."""
-    n_rows = min(counts[OK], input_ids.shape[0])
+    """Rows ``[0, row_packet.shape[0])`` of the (R, L) outputs, as ``build_padded_cpu``."""
+    n_rows = min(row_packet.shape[0], input_ids.shape[0])
     max_len = input_ids.shape[1]
     for r in range(cuda.blockIdx.x, n_rows, cuda.gridDim.x):
-        off = int64(offsets[rows[r]])
+        off = int64(offsets[row_packet[r]])
         n, tok, mask, width = token_layout_dev(shard, off, w_t, m_t)
         m = min(n, max_len)
         for t in range(cuda.threadIdx.x, max_len, cuda.blockDim.x):
@@ -78,41 +67,39 @@ def build_padded_cuda(
                 input_ids[r, t] = pad_id
                 labels[r, t] = IGNORE_INDEX
                 attention_mask[r, t] = 0
-        if cuda.threadIdx.x == 0:
-            lengths[r] = n
-            cuda.atomic.add(counts, TOKENS_SLOT, m)
-            cuda.atomic.add(counts, TRUNCATED_SLOT, n - m)
 
 
 @cuda.jit(device=True)
-def row_of_position_dev(cum, n_rows, p):  # pragma: no cover - compiled
-    """The row ``r`` with ``cum[r] <= p < cum[r + 1]`` (the last such, skipping empty rows)."""
-    lo = int64(0)
-    hi = int64(n_rows)  # cum[lo] <= p < cum[hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if cum[mid] <= p:
-            lo = mid
+def last_at_or_before_dev(keys, lo, hi, p):  # pragma: no cover - compiled
+    """The last ``i`` in ``[lo, hi)`` with ``keys[i] <= p`` (``keys`` ascending), or ``lo - 1``."""
+    a = int64(lo) - 1  # keys[a] <= p (or a == lo - 1)
+    b = int64(hi)  # keys[b] > p (or b == hi)
+    while b - a > 1:
+        mid = (a + b) // 2
+        if keys[mid] <= p:
+            a = mid
         else:
-            hi = mid
-    return lo
+            b = mid
+    return a
 
 
 @cuda.jit(cache=True)
-def build_packed_cuda(shard, offsets, rows, cum, counts, start, x, y, w_t, m_t):  # pragma: no cover
-    """(B, T) ``x``/``y`` windows of T+1 tokens from stream position ``start``, as
+def build_packed_cuda(shard, offsets, rows, cum, start, x, y, w_t, m_t):  # pragma: no cover
+    """(W, T) ``x``/``y`` windows of T+1 tokens from stream position ``start``, as
     ``build_packed_cpu``: flat ``x[i] = stream[start + i]``, flat ``y[i]`` = label of
-    ``stream[start + i + 1]``. Positions past the stream's end are not written (the host checks
-    ``start + B*T + 1 <= cum[n]`` first)."""
-    n_rows = counts[OK]
-    n_batch, seq = x.shape
-    n_x = n_batch * seq
+    ``stream[start + i + 1]``. ``cum`` (``rows.shape[0] + 1`` long) holds each row's first
+    stream position and the total; positions past the total are not written (the host checks
+    ``start + W*T + 1 <= total`` first)."""
+    n_rows = rows.shape[0]
+    n_windows, seq = x.shape
+    n_x = n_windows * seq
     total = cum[n_rows]
     for i in range(cuda.grid(1), n_x + 1, cuda.gridsize(1)):
         p = start + i
         if p < 0 or p >= total:
             continue
-        r = row_of_position_dev(cum, n_rows, p)
+        # the last row starting at or before p (empty rows start where the next one does)
+        r = last_at_or_before_dev(cum, 0, n_rows, p)
         n, tok, mask, width = token_layout_dev(shard, int64(offsets[rows[r]]), w_t, m_t)
         t = p - cum[r]
         value = token_at_dev(shard, tok, t, width)
@@ -122,19 +109,58 @@ def build_packed_cuda(shard, offsets, rows, cum, counts, start, x, y, w_t, m_t):
             y[(i - 1) // seq, (i - 1) % seq] = label_of_dev(shard, mask, t, value)
 
 
+@cuda.jit(cache=True)
+def build_packing_cuda(shard, offsets, doc_packet, doc_col, doc_len, row_docs, pad_id, input_ids,
+                       labels, attention_mask, position_ids, w_t, m_t):  # pragma: no cover
+    """Rows ``[0, row_docs.shape[0] - 1)`` of the (R, L) outputs, as ``build_packing_cpu``."""
+    n_rows = min(row_docs.shape[0] - 1, input_ids.shape[0])
+    row_len = input_ids.shape[1]
+    for r in range(cuda.blockIdx.x, n_rows, cuda.gridDim.x):
+        first = row_docs[r]
+        stop = row_docs[r + 1]
+        for c in range(cuda.threadIdx.x, row_len, cuda.blockDim.x):
+            d = last_at_or_before_dev(doc_col, first, stop, c)
+            t = int64(-1)
+            if d >= first and c < doc_col[d] + doc_len[d]:
+                t = c - doc_col[d]
+            if t < 0:
+                input_ids[r, c] = pad_id
+                labels[r, c] = IGNORE_INDEX
+                attention_mask[r, c] = 0
+                position_ids[r, c] = 0
+            else:
+                n, tok, mask, width = token_layout_dev(shard, int64(offsets[doc_packet[d]]),
+                                                       w_t, m_t)
+                value = token_at_dev(shard, tok, t, width)
+                input_ids[r, c] = value
+                if t == 0:
+                    labels[r, c] = IGNORE_INDEX
+                else:
+                    labels[r, c] = label_of_dev(shard, mask, t, value)
+                attention_mask[r, c] = 1
+                position_ids[r, c] = t
+
+
 SIGNATURES = {
     "build_padded_cuda": (
         build_padded_cuda,
         [
-            "void(uint8[::1], int64[::1], int64[::1], int64[::1], int64, int64[:, ::1], "
-            "int64[:, ::1], int64[:, ::1], int64[::1], uint8[::1], uint8[::1])"
+            "void(uint8[::1], int64[::1], int64[::1], int64, int64[:, ::1], int64[:, ::1], "
+            "int64[:, ::1], uint8[::1], uint8[::1])"
         ],
     ),
     "build_packed_cuda": (
         build_packed_cuda,
         [
-            "void(uint8[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, "
-            "int64[:, ::1], int64[:, ::1], uint8[::1], uint8[::1])"
+            "void(uint8[::1], int64[::1], int64[::1], int64[::1], int64, int64[:, ::1], "
+            "int64[:, ::1], uint8[::1], uint8[::1])"
+        ],
+    ),
+    "build_packing_cuda": (
+        build_packing_cuda,
+        [
+            "void(uint8[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, "
+            "int64[:, ::1], int64[:, ::1], int64[:, ::1], int64[:, ::1], uint8[::1], uint8[::1])"
         ],
     ),
 }

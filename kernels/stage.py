@@ -12,10 +12,13 @@ the shard, or a frame too short to hold its header, is staged as offset -1: TRUN
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
 
 from ndp.format import FRAME_BYTES
-from ndp.kernels._jit import cpu_kernel, cpu_parallel_kernel
+from ndp.kernels._jit import cpu_kernel
+from ndp.threads import parallel_for
+
+#: packets per thread at least (a packet of 1,024 int32 tokens is a 4 KB copy)
+GATHER_GRAIN = 512
 
 
 @cpu_kernel
@@ -33,15 +36,9 @@ def _extents(shard, offsets, sizes):  # pragma: no cover - compiled
     return total
 
 
-@cpu_parallel_kernel
-def _gather(shard, offsets, sizes, dst, new_offsets, limits):  # pragma: no cover - compiled
-    n = offsets.shape[0]
-    starts = np.empty(n, np.int64)
-    pos = 0
-    for k in range(n):
-        starts[k] = pos
-        pos += sizes[k]
-    for k in prange(n):
+@cpu_kernel
+def _gather(shard, offsets, sizes, starts, dst, new_offsets, limits, lo, hi):  # pragma: no cover
+    for k in range(lo, hi):
         s = starts[k]
         m = sizes[k]
         off = offsets[k]
@@ -65,5 +62,23 @@ def gather_packets(
 ) -> None:
     """Copy each packet (``sizes`` from ``staged_size``) into ``dst`` back to back, in order;
     its offset there into ``new_offsets`` (-1 if nothing was copied) and the end of its copy
-    into ``limits``. ``dst`` must hold ``sum(sizes)`` bytes. Uses every core."""
-    _gather(shard, offsets, sizes, dst, new_offsets, limits)
+    into ``limits``. ``dst`` must hold ``sum(sizes)`` bytes. Runs on ndp's host threads."""
+    starts = np.zeros(sizes.shape[0], np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    parallel_for(_gather, offsets.shape[0], shard, offsets, sizes, starts, dst, new_offsets,
+                 limits, grain=GATHER_GRAIN)
+
+
+#: bytes per thread at least when copying a shard into a pinned buffer
+COPY_GRAIN = 4 << 20
+
+
+@cpu_kernel
+def _copy(src, dst, lo, hi):  # pragma: no cover - compiled
+    dst[lo:hi] = src[lo:hi]
+
+
+def copy_bytes(src: np.ndarray, dst: np.ndarray) -> None:
+    """``dst[:] = src`` (same length), split across ndp's host threads: moving a shard from the
+    page cache into pinned memory is a memory-bound copy one core does not saturate."""
+    parallel_for(_copy, src.shape[0], src, dst, grain=COPY_GRAIN)

@@ -8,7 +8,8 @@ training arrays from the rest in packet order:
   (int64, as HF models and ``torch.nn.functional.cross_entropy`` take them);
 * ``decode_packed``: (x, y) windows of ``seq_len + 1`` tokens over the concatenated stream.
 
-Both run the Numba kernels of ``ndp.kernels`` on every core, synchronously, and take ``out=``
+Both run the Numba kernels of ``ndp.kernels`` on ndp's host threads (``ndp.threads``),
+synchronously, and take ``out=``
 buffers for their outputs so a training loop allocates those once (``decode_packed`` still
 allocates its per-packet scratch arrays on each call).
 """
@@ -155,12 +156,11 @@ def decode_padded(
     validate_packets_cpu(data, offs, status)
     n_rows = compact_cpu(status, out.row_of_packet[:n], out.rows[:n])
     rows = out.rows[:n_rows]
-    build_padded_cpu(
-        data, offs, rows, n_rows, pad_token_id,
-        out.input_ids, out.labels, out.attention_mask, out.lengths,
-    )
-    stats = DecodeStats.from_status(status)
     lengths = out.lengths[:n_rows]
+    token_counts_cpu(data, offs, rows, n_rows, lengths)
+    build_padded_cpu(data, offs, rows, pad_token_id, out.input_ids, out.labels,
+                     out.attention_mask)
+    stats = DecodeStats.from_status(status)
     delivered = int(np.minimum(lengths, max_seq_length).sum())
     stats.tokens = delivered
     stats.truncated_tokens = int(lengths.sum()) - delivered

@@ -65,12 +65,14 @@ class DeviceArray:
     producing stream and returns a NumPy copy (for tests and inspection, not the hot path).
     """
 
-    __slots__ = ("_array", "_stream", "_consumers")
+    __slots__ = ("_array", "_stream", "_consumers", "_counters")
 
-    def __init__(self, array: Any, stream: Any, consumers: Consumers) -> None:
+    def __init__(self, array: Any, stream: Any, consumers: Consumers,
+                 counters: Any = None) -> None:
         self._array = array  # cupy.ndarray on a device, numpy.ndarray under the simulator
         self._stream = stream  # the Numba stream that writes it
         self._consumers = consumers
+        self._counters = counters  # ndp.counters.Counters of the decoder that made it
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -103,6 +105,8 @@ class DeviceArray:
             kwargs["dl_device"] = dl_device
         if copy is not None:
             kwargs["copy"] = copy
+        if self._counters is not None:
+            self._counters.dlpack_exports += 1
         if simulated():
             return self._array.__dlpack__(**kwargs)
         import cupy
@@ -175,9 +179,9 @@ class Buffer:
     ``n`` rows as a ``DeviceArray``.
     """
 
-    __slots__ = ("kernel", "_export", "consumers")
+    __slots__ = ("kernel", "_export", "consumers", "counters")
 
-    def __init__(self, shape: tuple[int, ...] | int, dtype: Any) -> None:
+    def __init__(self, shape: tuple[int, ...] | int, dtype: Any, counters: Any = None) -> None:
         cuda = _cuda()
         self.kernel = cuda.device_array(shape, dtype=dtype)
         if simulated():
@@ -187,10 +191,12 @@ class Buffer:
 
             self._export = cupy.asarray(self.kernel)  # zero-copy view of the same memory
         self.consumers = Consumers()
+        self.counters = counters
 
-    def view(self, stream: Any, rows: int | None = None) -> DeviceArray:
-        array = self._export if rows is None else self._export[:rows]
-        return DeviceArray(array, stream, self.consumers)
+    def view(self, stream: Any, rows: int | None = None, start: int = 0) -> DeviceArray:
+        """Rows ``[start, rows)`` (all of them with ``rows=None``) as a ``DeviceArray``."""
+        array = self._export if rows is None and not start else self._export[start:rows]
+        return DeviceArray(array, stream, self.consumers, self.counters)
 
 
 def configure(kernel: Any, grid: int, block: int, stream: Any) -> Any:

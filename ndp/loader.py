@@ -35,14 +35,22 @@ and every packet's CRC is still checked as it is decoded.
 The state (``state_dict``) is the epoch and a (packet, token) position in this rank's order,
 plus the settings it is only valid for; ``load_state_dict`` refuses a state made with others.
 
-Prefetch: a producer thread stages and decodes up to ``prefetch`` batches ahead into a bounded
-queue. An exception in it is raised by the consumer's ``next()`` (with the producer's traceback
-chained); ``close()``, leaving the ``with`` block, breaking out of the loop or dropping the last
-reference stops the thread. Batches alias the decoder's ring of ``max(1, prefetch) + 3`` buffer sets: a
-batch stays valid while it or the batch after it is the newest one taken; once the consumer takes
-the second batch after it, its buffers may be refilled (``.clone()`` what must live longer). On
-a GPU the refill is ordered after the work queued on the default stream (where ``torch`` puts it
-unless told otherwise) before that point.
+The pipeline: **plan** (``ndp.plan``: this rank's share of the epoch, cut into chunks of
+``chunk_batches`` batches), **stage** (``ndp.stage`` on the CPU, ``ndp.device_shards`` on a GPU:
+whole shards copied to the device in bulk), **decode** (``ndp.chunks``: one verdict kernel, one
+small copy back and one host wait, one build kernel per chunk, laid out by ``ndp.layout``) and
+**serve** (``ndp.serve``: batches are views into the chunk's outputs, wrapped once). The batches
+do not depend on the chunk size: any ``chunk_batches`` gives the same ones, which is what the
+CPU and CUDA backends give too, bit for bit.
+
+Prefetch: a producer thread decodes up to ``prefetch`` chunks ahead into a bounded queue. An
+exception in it is raised by the consumer's ``next()`` (with the producer's traceback chained);
+``close()``, leaving the ``with`` block, breaking out of the loop or dropping the last reference
+stops the thread. Batches alias a ring of ``max(1, prefetch) + 3`` chunks' buffers: **a batch
+stays valid until the consumer takes a batch of the second chunk after its own** (at least
+until it takes the second batch after it); ``.clone()`` what must live longer. On a GPU the
+reuse is ordered after the work the consumer queued on its current stream (``ndp.serve``).
+What the decoder did is counted in ``loader.counters`` (``ndp.counters``).
 """
 
 from __future__ import annotations
@@ -57,17 +65,25 @@ from typing import Any
 
 import numpy as np
 
+from ndp.backend import resolve_backend
+from ndp.chunks import ChunkDecoder
 from ndp.corpus import Corpus
-from ndp.decode import StreamExhausted
-from ndp.decoder import Decoder
+from ndp.engine import CpuEngine
 from ndp.errors import ConfigError
-from ndp.format import DropReason
-from ndp.kernels.stage import gather_packets, staged_size
-from ndp.order import drop_mask, epoch_order, mix, rank_and_world, rank_share
+from ndp.order import drop_mask, rank_and_world
+from ndp.plan import Plan
 from ndp.progress import progress_bar
+from ndp.serve import Ring
 
 MODES = ("padded", "packed", "packing")
 STATE_VERSION = 1
+#: tokens per chunk by default: a GPU amortises its per-call cost over 64 batches of 64 x 1,024
+#: (256 MB of int64 outputs per padded chunk, a ring of them on the device); on the CPU the
+#: hand-off to ndp's threads is what is amortised, and smaller chunks keep host memory small
+CHUNK_TOKENS = {"cuda": 1 << 22, "cpu": 1 << 18}
+#: batches per chunk by default at least, and at most
+CHUNK_BATCHES_MIN = {"cuda": 8, "cpu": 1}
+CHUNK_BATCHES_MAX = 64
 
 
 @dataclass
@@ -136,7 +152,8 @@ class Loader:
         backend: str = "auto",
         resident: bool = False,
         device_budget: int | None = None,
-        prefetch: int = 2,
+        prefetch: int = 1,
+        chunk_batches: int | None = None,
         output: str = "torch",
         progress: bool = False,
         mix: dict[str | int, float] | None = None,
@@ -149,25 +166,43 @@ class Loader:
             raise ConfigError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
         if prefetch < 0:
             raise ConfigError(f"prefetch must be >= 0, got {prefetch}")
+        if chunk_batches is not None and chunk_batches < 1:
+            raise ConfigError(f"chunk_batches must be >= 1, got {chunk_batches}")
         if output not in ("torch", "arrays"):
             raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
         drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
+        self.backend = resolve_backend(backend)
         self.corpus = data if isinstance(data, Corpus) else Corpus(data, verify=verify)
         self.mode, self.batch_size, self.seq_len = mode, batch_size, seq_len
         self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.crc_drop_rate, self.prefetch, self.output = crc_drop_rate, prefetch, output
         self.progress = progress
-        # the queue holds max(1, prefetch) batches, the producer one more, the consumer two
-        ring = max(1, prefetch) + 3
-        self.decoder = Decoder(backend=backend, ring=ring, device_budget=device_budget)
-        self.backend = self.decoder.backend
-        self._producer = _Producer(
-            corpus=self.corpus, decoder=self.decoder, mode=mode, batch_size=batch_size,
-            seq_len=seq_len, pad_token_id=pad_token_id, shuffle=shuffle, seed=seed,
-            rank=self.rank, world_size=self.world_size, crc_drop_rate=crc_drop_rate,
-            output=output, mix=mix, mix_by=mix_by, resident=resident,
-        )
+        self.chunk_batches = chunk_batches or max(
+            CHUNK_BATCHES_MIN[self.backend],
+            min(CHUNK_BATCHES_MAX, CHUNK_TOKENS[self.backend] // (batch_size * seq_len)))
+        self.plan = Plan(self.corpus, mode=mode, batch_size=batch_size, seq_len=seq_len,
+                         shuffle=shuffle, seed=seed, rank=self.rank, world_size=self.world_size,
+                         crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by)
+        if self.backend == "cuda":
+            from ndp.cuda_engine import CudaEngine
+            from ndp.device_shards import DeviceShards
+
+            self.engine: CpuEngine = CudaEngine()
+            stager = DeviceShards(self.engine, self.corpus, budget=device_budget,
+                                  resident=resident)
+        else:
+            from ndp.stage import HostStager
+
+            self.engine = CpuEngine()
+            stager = HostStager(self.corpus, resident=resident)
+        #: what the decoder did: chunks, batches, launches, copies, host waits, DLPack exports
+        self.counters = self.engine.counters
+        # slots: the queue's max(1, prefetch) chunks, the producer's one, the consumer's two
+        self._ring = Ring(self.engine, max(1, prefetch) + 3, output=output)
+        self._producer = _Producer(self.plan, ChunkDecoder(
+            self.engine, stager, self.plan, pad_token_id=pad_token_id,
+            chunk_batches=self.chunk_batches), self._ring)
         self._state = {"epoch": 0, "pos": 0, "tok": 0}
         self.stats = LoaderStats(
             corrupt_regions=len(self.corpus.corruption),
@@ -185,7 +220,7 @@ class Loader:
                 "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
                 "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
-                "mix": self._producer.mix_spec, **self._state}
+                "mix": self.plan.mix_spec, **self._state}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from ``state_dict``); ``ConfigError`` if it was made for
@@ -222,16 +257,20 @@ class Loader:
             with bar:
                 while True:
                     t = time.perf_counter()
-                    batch, state, counted = self._get()
+                    item = self._get()
                     self.stats.wait_seconds += time.perf_counter() - t
-                    self._state = state
-                    self.stats.add(counted)
-                    if batch is _EPOCH_END:
+                    if item[0] is _EPOCH_END:
+                        _, self._state, counted = item
+                        self.stats.add(counted)
                         finished = True
                         return
-                    self.stats.batches += 1
-                    bar.update(1)
-                    yield batch
+                    _, epoch, chunk = item
+                    for batch, laid in self._ring.serve(chunk.slot, chunk.layout.batches):
+                        self._state = {"epoch": epoch, **laid.state}
+                        self.stats.add(laid.counted)
+                        self.stats.batches += 1
+                        bar.update(1)
+                        yield batch
         finally:
             if not finished:  # left early (break, exception, garbage collection)
                 self._stop_producer()
@@ -269,6 +308,7 @@ class Loader:
     def _start_producer(self) -> None:
         self._stop_producer()
         self._stop.clear()
+        self._ring.reset()  # chunks left in the queue or unfinished are the producer's again
         self._queue = queue.Queue(maxsize=max(1, self.prefetch))
         start = dict(self._state)
         self._thread = threading.Thread(target=self._producer.run,
@@ -292,26 +332,17 @@ class Loader:
 
 
 class _Producer:
-    """Everything that makes batches, apart from the ``Loader`` the consumer holds: the
-    producer thread references only this, so dropping the last reference to a ``Loader``
-    collects it (and its ``__del__`` stops the thread)."""
+    """The producer thread's work: plan, stage, decode, chunk after chunk, epoch after epoch.
+    It references only what makes batches, not the ``Loader`` the consumer holds, so dropping
+    the last reference to a ``Loader`` collects it (and its ``__del__`` stops the thread)."""
 
-    def __init__(self, *, corpus: Corpus, decoder: Any, mode: str, batch_size: int,
-                 seq_len: int, pad_token_id: int, shuffle: bool, seed: int, rank: int,
-                 world_size: int, crc_drop_rate: float, output: str, mix: dict | None,
-                 mix_by: str, resident: bool) -> None:
-        self.corpus, self.decoder, self.mode = corpus, decoder, mode
-        self.batch_size, self.seq_len, self.pad_token_id = batch_size, seq_len, pad_token_id
-        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
-        self.crc_drop_rate, self.output = crc_drop_rate, output
-        self._setup_mix(mix, mix_by)
-        self._share_cache: tuple | None = None
-        self._buffer = np.empty(0, np.uint8)
-        self._source = self._make_resident() if resident else None
+    def __init__(self, plan: Plan, chunks: ChunkDecoder, ring: Ring) -> None:
+        self.plan, self.chunks, self.ring = plan, chunks, ring
 
     def run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
-        """Produce batches from ``state`` on, epoch after epoch, into ``out`` until ``stop``;
-        an exception is handed to the consumer in place of a batch."""
+        """Put ``("chunk", epoch, Chunk)`` and, at each epoch's end, ``(_EPOCH_END, next
+        state, what the end counted)`` into ``out`` from ``state`` on, until ``stop``; an
+        exception is handed to the consumer in place of a chunk."""
         def put(item: Any) -> bool:
             while not stop.is_set():
                 try:
@@ -323,295 +354,50 @@ class _Producer:
 
         try:
             while not stop.is_set():
-                for item in self._batches(state):
-                    if not put(item):
-                        return
-                    if item[0] is _EPOCH_END:
-                        state = item[1]
+                tail = self._epoch(state, put, stop)
+                if tail is None:
+                    return
+                state = tail[1]
+                if not put(tail):
+                    return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             put(_Failure(exc))
 
-    def _share(self, epoch: int) -> tuple[np.ndarray, int, dict]:
-        """This rank's packets of ``epoch`` after CRC-Drop and mixing, how many CRC-Drop
-        removed, and per source how many packets mixing left unused."""
-        if self._share_cache is not None and self._share_cache[0] == epoch:
-            return self._share_cache[1:]
-        within = "phase" if self.mode == "packed" else "permute"
-        order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-                            within=within)
-        share = rank_share(order, self.rank, self.world_size)
-        dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
-                            rate=self.crc_drop_rate)
-        kept = share[~dropped[share]]
-        unused_by_source: dict[str, int] = {}
-        if self._mix_keys is not None:
-            key = self._source_key(kept)
-            parts = [kept[key == k] for k in range(len(self._mix_names))]
-            kept, unused = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch,
-                               rank=self.rank)
-            unused_by_source = {name: int(n) for name, n in zip(self._mix_names, unused) if n}
-        self._share_cache = (epoch, kept, int(dropped[share].sum()), unused_by_source)
-        return self._share_cache[1:]
-
-    def _setup_mix(self, weights: dict | None, mix_by: str) -> None:
-        """Sources and their weights; every source present in the corpus must have a weight
-        (0 leaves it out on purpose), so no packet is left out silently."""
-        self._mix_keys = self._mix_weights = None
-        self._mix_names: list[str] = []
-        self.mix_spec = None
-        self._mix_by = mix_by
-        if mix_by not in ("group", "src"):
-            raise ConfigError(f"mix_by must be 'group' or 'src', got {mix_by!r}")
-        if weights is None:
-            return
-        corpus = self.corpus
-        if mix_by == "group":
-            present = {name: g for g, name in enumerate(corpus.groups)}
-        else:
-            from ndp.format import Src
-
-            present = {}
-            for v in np.unique(corpus.src).tolist():
-                try:
-                    present[Src(v).name] = v
-                except ValueError:
-                    present[str(v)] = v
-        named = {}
-        for key, w in weights.items():
-            name = key.name if hasattr(key, "name") else str(key)
-            if isinstance(key, int) and mix_by == "src" and not hasattr(key, "name"):
-                name = next((n for n, v in present.items() if v == key), str(key))
-            if name not in present:
-                raise ConfigError(f"mix names {key!r}, which is not a {mix_by} of this corpus "
-                                  f"(it has {sorted(present)})")
-            named[name] = float(w)
-        missing = sorted(set(present) - set(named))
-        if missing:
-            raise ConfigError(f"mix gives no weight to {missing}; give each {mix_by} a weight "
-                              f"(0 to leave it out on purpose)")
-        self._mix_names = sorted(named)
-        self._mix_weights = np.array([named[n] for n in self._mix_names])
-        values = np.array([present[n] for n in self._mix_names], np.int64)
-        lookup = np.full(256 if mix_by == "src" else len(corpus.groups), -1, np.int64)
-        lookup[values] = np.arange(values.shape[0])
-        self._mix_keys = lookup
-        self.mix_spec = [[n, named[n]] for n in self._mix_names]
-        mix([np.zeros(0, np.int64)] * len(values), self._mix_weights, seed=0, epoch=0, rank=0)
-
-    def _source_key(self, packets: np.ndarray) -> np.ndarray:
-        """Mixing source number of each packet."""
-        raw = self.corpus.group[packets] if self._mix_by == "group" else self.corpus.src[packets]
-        return self._mix_keys[raw]
-
-    def _batches(self, state: dict) -> Iterator[tuple[Any, dict, dict]]:
-        """(batch, state after it, what it counted) for the rest of ``state``'s epoch, then
-        (_EPOCH_END, the next epoch's start, what the epoch's end counted)."""
+    def _epoch(self, state: dict, put: Any, stop: threading.Event) -> tuple | None:
+        """The chunks of the rest of ``state``'s epoch; returns the epoch's end item (None if
+        stopped)."""
+        plan = self.plan
         epoch, pos, tok = state["epoch"], state["pos"], state["tok"]
-        share, n_dropped, mix_unused = self._share(epoch)
+        share, n_dropped, mix_unused = plan.share(epoch)
         pending = {"dropped_on_purpose": n_dropped} if pos == 0 and tok == 0 else {}
-        if self.mode == "padded":
-            gen = self._padded(share, pos)
-        elif self.mode == "packed":
-            gen = self._packed(share, pos, tok)
-        else:
-            gen = self._packing(share, pos)
-        tail: dict = {}
-        for batch, where, counted in gen:
-            self._by_source(share, counted)
-            if batch is _EPOCH_END:
-                tail = counted
-                break
-            counted.update(pending)
-            pending = {}
-            yield self._convert(batch), {"epoch": epoch, **where}, counted
-        tail.update(pending)
-        if mix_unused:
-            tail["mix_unused"] = mix_unused
-        yield _EPOCH_END, {"epoch": epoch + 1, "pos": 0, "tok": 0}, tail
-
-    def _by_source(self, share: np.ndarray, counted: dict) -> None:
-        """Turn the batch's ``_range`` of newly counted share positions into packets per
-        source (mixing only)."""
-        a, b = counted.pop("_range", (0, 0))
-        if self._mix_keys is not None and b > a:
-            n = np.bincount(self._source_key(share[a:b]), minlength=len(self._mix_names))
-            counted["sources"] = {name: int(k) for name, k in zip(self._mix_names, n) if k}
-
-    def _padded(self, share: np.ndarray, pos: int):
-        B = self.batch_size
-        while pos < share.shape[0]:
-            packets = share[pos: pos + B]
-            source, offsets = self._stage(packets)
-            batch = self.decoder.decode_padded(source, offsets, max_seq_length=self.seq_len,
-                                               pad_token_id=self.pad_token_id)
-            pos += packets.shape[0]
-            s = batch.stats
-            yield ({"input_ids": batch.input_ids, "labels": batch.labels,
-                    "attention_mask": batch.attention_mask},
-                   {"pos": pos, "tok": 0},
-                   {"packets": s.packets, "valid": s.valid, "corrupt": s.dropped,
-                    "tokens": s.tokens, "truncated_tokens": s.truncated_tokens,
-                    "_range": (pos - packets.shape[0], pos)})
-        yield _EPOCH_END, {}, {}
-
-    def _packing(self, share: np.ndarray, pos: int):
-        """Rows of whole examples laid end to end (``ndp.packing``). The candidates are the
-        packets that fill the batch by their index lengths; after decoding, the valid ones are
-        placed, and the batch ends at the first that does not fit."""
-        from ndp import packing
-        from ndp.device import array_module, producer_stream, wrap_like
-
-        B, L = self.batch_size, self.seq_len
+        counted_upto = pos  # share positions before this were counted by an earlier batch
         n = share.shape[0]
+        end: dict = {}
         while pos < n:
-            cap = 8 * B
-            while True:  # enough candidates to fill B rows by their index lengths
-                claimed = self.corpus.tokens[share[pos: pos + cap]]
-                _, _, fits = packing.plan(claimed, rows=B, row_len=L)
-                if fits < claimed.shape[0] or pos + cap >= n:
-                    break
-                cap *= 2
-            q = pos + max(fits, 1)
-            source, offsets = self._stage(share[pos:q])
-            batch = self.decoder.decode_padded(source, offsets, max_seq_length=L,
-                                               pad_token_id=self.pad_token_id)
-            lengths = np.minimum(_host(batch.lengths), L)
-            rows_of = _host(batch.rows)  # candidate index of each valid example
-            where_row, where_col, placed = packing.plan(lengths, rows=B, row_len=L)
-            lengths = lengths[:placed]
-            idx = packing.layout(lengths, where_row, where_col, rows=B, row_len=L)
-            taken = int(rows_of[placed]) if placed < rows_of.shape[0] else q - pos
-            status = _host(batch.status)[:taken]
-            xp = array_module(batch.input_ids)
-            if xp is np:
-                ids, labels = _host(batch.input_ids), _host(batch.labels)
-                out = packing.gather(np, ids, labels, idx, pad_id=self.pad_token_id, rows=B,
-                                     row_len=L)
-                if not isinstance(batch.input_ids, np.ndarray):  # the simulator's "device"
-                    out = {k: wrap_like(batch.input_ids, v) for k, v in out.items()}
+            slot = self.ring.acquire(stop)
+            if slot is None:
+                return None
+            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto)
+            layout = chunk.layout
+            for batch in layout.batches:
+                plan.by_source(share, batch.counted)
+            if layout.batches:
+                layout.batches[0].counted.update(pending)
+                pending = {}
+                counted_upto = (pos + layout.packets_used if plan.mode == "packed"
+                                else layout.batches[-1].state["pos"])
+                pos, tok = layout.batches[-1].state["pos"], layout.batches[-1].state["tok"]
+                if not put(("chunk", epoch, chunk)):
+                    return None
             else:
-                with producer_stream(batch.input_ids):
-                    out = packing.gather(xp, batch.input_ids.array, batch.labels.array, idx,
-                                         pad_id=self.pad_token_id, rows=B, row_len=L)
-                out = {k: wrap_like(batch.input_ids, v) for k, v in out.items()}
-            counted = _count(status)
-            counted["_range"] = (pos, pos + taken)
-            pos += taken
-            counted["tokens"] = int(lengths.sum())
-            counted["truncated_tokens"] = int(np.maximum(_host(batch.lengths)[:placed] - L,
-                                                         0).sum())
-            yield out, {"pos": pos, "tok": 0}, counted
-        yield _EPOCH_END, {}, {}
-
-    def _packed(self, share: np.ndarray, pos: int, tok: int):
-        """Windows over the stream of ``share[pos:]``'s valid tokens, from token ``tok`` of it.
-
-        Each batch decodes the packets that (by their index lengths) hold the next B*T + 1
-        tokens, more if corrupt ones held fewer; afterwards ``pos`` moves past the packets the
-        next window no longer needs, so the state stays a small (packet, token) pair."""
-        B, T = self.batch_size, self.seq_len
-        need = B * T + 1
-        tokens = self.corpus.tokens
-        n = share.shape[0]
-        counted_upto = pos  # packets before this were counted by an earlier batch
-        while True:
-            # the packets from pos whose index lengths cover the window (a bounded look-ahead:
-            # a cumulative sum over the rest of the epoch would cost O(epoch) per batch)
-            ahead = 64
-            while True:
-                cum = np.cumsum(tokens[share[pos: pos + ahead]])
-                if (cum.shape[0] and cum[-1] >= tok + need) or pos + ahead >= n:
-                    break
-                ahead *= 4
-            q = pos + int(np.searchsorted(cum, tok + need)) + 1
-            while True:
-                q = min(q, n)
-                source, offsets = self._stage(share[pos:q])
-                try:
-                    batch = self.decoder.decode_packed(source, offsets, batch_size=B,
-                                                       seq_len=T, start=tok)
-                    break
-                except StreamExhausted as exc:
-                    if q < n:
-                        q += max(8, (q - pos) // 4)  # corrupt packets held fewer tokens
-                        continue
-                    tail = _count(exc.status[counted_upto - pos:])
-                    tail["unused_tokens"] = max(exc.stream_tokens - tok, 0)
-                    tail["_range"] = (counted_upto, n)
-                    yield _EPOCH_END, {}, tail
-                    return
-            status = _host(batch.status)
-            counted = _count(status[counted_upto - pos:])
-            counted["_range"] = (counted_upto, q)
-            counted_upto = q
-            counted["tokens"] = B * T
-            tok += B * T
-            # rebase: skip the packets that end before the next window's first token
-            run = np.cumsum(np.where(status == DropReason.OK, tokens[share[pos:q]], 0))
-            skip = int(np.searchsorted(run, tok, side="right"))
-            if skip:
-                tok -= int(run[skip - 1])
-                pos += skip
-            yield {"x": batch.x, "y": batch.y}, {"pos": pos, "tok": tok}, counted
-
-    def _convert(self, batch: dict) -> dict:
-        if self.output == "arrays":
-            return batch
-        from ndp.adapters.torch import tensor
-
-        return {name: tensor(array) for name, array in batch.items()}
-
-    # ----------------------------------------------------------------------------- staging
-    def _stage(self, packets: np.ndarray) -> tuple[Any, np.ndarray]:
-        """(source, offsets) for the decoder: the resident corpus with global byte offsets, or
-        the packets gathered from their shards into one host buffer."""
-        if self._source is not None:
-            return self._source, self._resident_offsets[packets]
-        corpus = self.corpus
-        shard_ids = corpus.shard_of(packets)
-        offsets = corpus.offsets[packets]
-        if packets.shape[0] == 0 or (shard_ids == shard_ids[0]).all():  # one shard: no gather
-            return corpus.shards[int(shard_ids[0]) if packets.shape[0] else 0].data, offsets
-        sizes = np.empty(packets.shape[0], np.int64)
-        bounds = np.flatnonzero(np.diff(shard_ids)) + 1
-        starts = np.concatenate([[0], bounds])
-        stops = np.concatenate([bounds, [packets.shape[0]]])
-        total = 0
-        for a, b in zip(starts, stops):
-            total += staged_size(corpus.shards[shard_ids[a]].data, offsets[a:b], sizes[a:b])
-        if self._buffer.shape[0] < total:
-            self._buffer = np.empty(max(total, 2 * self._buffer.shape[0]), np.uint8)
-        new_offsets = np.empty_like(offsets)
-        limits = np.empty_like(offsets)
-        at = 0
-        for a, b in zip(starts, stops):
-            part = int(sizes[a:b].sum())
-            gather_packets(corpus.shards[shard_ids[a]].data, offsets[a:b], sizes[a:b],
-                           self._buffer[at: at + part], new_offsets[a:b], limits[a:b])
-            new_offsets[a:b][new_offsets[a:b] >= 0] += at
-            at += part
-        return self._buffer[:total], new_offsets
-
-    def _make_resident(self) -> Any:
-        corpus = self.corpus
-        sizes = [int(s.data.shape[0]) for s in corpus.shards]
-        byte_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        whole = np.empty(int(byte_base[-1]), np.uint8)
-        for s, shard in enumerate(corpus.shards):
-            whole[byte_base[s]: byte_base[s + 1]] = shard.data
-        self._resident_offsets = corpus.offsets + byte_base[corpus.shard_of(
-            np.arange(corpus.n_packets))]
-        return self.decoder.resident(whole, name=f"corpus of {len(corpus.shards)} shards")
-
-
-
-def _host(array: Any) -> np.ndarray:
-    return array if isinstance(array, np.ndarray) else array.copy_to_host()
-
-
-def _count(status: np.ndarray) -> dict:
-    """Counts for the packets of ``status`` (those not counted by an earlier batch)."""
-    codes = np.bincount(status, minlength=len(DropReason))
-    return {"packets": int(status.shape[0]), "valid": int(codes[DropReason.OK]),
-            "corrupt": {DropReason(c).name: int(k) for c, k in enumerate(codes)
-                        if c != DropReason.OK and k}}
+                self.ring.give_back(slot)
+            if layout.end is not None:
+                end = layout.end
+                plan.by_source(share, end)
+                break
+            if not layout.batches:
+                break
+        end.update(pending)
+        if mix_unused:
+            end["mix_unused"] = mix_unused
+        return (_EPOCH_END, {"epoch": epoch + 1, "pos": 0, "tok": 0}, end)

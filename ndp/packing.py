@@ -1,8 +1,9 @@
 """Sequence packing: short SFT examples laid end to end in full rows, with the per-document
 ``position_ids`` and ``cu_seqlens`` that keep attention (and the loss) inside each document.
 
-The plan is made on the host from the examples' lengths alone; the tokens move on the device
-that holds them (CuPy on a GPU, NumPy otherwise), by one gather per output array.
+The plan is made on the host from the examples' lengths alone (``ndp.layout`` lays out whole
+chunks of batches with it); the build kernels (``ndp.kernels.build``) then write the tokens
+straight from the packets into the rows.
 
 Layout of a batch of ``B`` rows of ``L`` tokens:
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ndp.format import IGNORE_INDEX
 from ndp.kernels._jit import cpu_kernel
 
 
@@ -71,45 +71,12 @@ def plan(lengths: np.ndarray, *, rows: int, row_len: int) -> tuple[np.ndarray, n
     return where_row[:placed], where_col[:placed], placed
 
 
-def layout(lengths: np.ndarray, where_row: np.ndarray, where_col: np.ndarray, *, rows: int,
-           row_len: int) -> dict[str, np.ndarray]:
-    """Host-side index arrays for placed examples ``lengths`` (already cut to ``row_len``):
-    ``src`` (flat source position in the padded (n, L) decode, -1 on padding), ``first``
-    (document starts), ``position_ids``, ``cu_seqlens``."""
-    n = lengths.shape[0]
-    total = rows * row_len
-    src = np.full(total, -1, np.int64)
-    position_ids = np.zeros(total, np.int64)
-    if n:
-        t = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        doc = np.repeat(np.arange(n), lengths)
-        dst = np.repeat(where_row * row_len + where_col, lengths) + t
-        src[dst] = doc * row_len + t
-        position_ids[dst] = t
-    first = np.zeros(total, bool)
-    starts = (where_row * row_len + where_col)[lengths > 0]
-    first[starts] = True
-    ends = np.empty(n + rows, np.int64)
-    k = int(_segments(np.ascontiguousarray(lengths, np.int64), where_row, rows, row_len, ends))
-    cu = np.concatenate([[0], ends[:k]]).astype(np.int32)
-    return {"src": src, "first": first, "position_ids": position_ids.reshape(rows, row_len),
-            "cu_seqlens": cu, "max_seqlen": int(np.diff(cu).max()) if cu.shape[0] > 1 else 0}
-
-
-def gather(xp, padded_ids, padded_labels, idx: dict, *, pad_id: int, rows: int,
-           row_len: int) -> dict:
-    """The packed batch from a padded decode, with array module ``xp`` (numpy or cupy)."""
-    src = xp.asarray(idx["src"])
-    hole = src < 0
-    safe = xp.where(hole, 0, src)
-    ids = xp.take(padded_ids.reshape(-1), safe)
-    labels = xp.take(padded_labels.reshape(-1), safe)
-    ids = xp.where(hole, pad_id, ids).reshape(rows, row_len)
-    labels = xp.where(hole | xp.asarray(idx["first"]), IGNORE_INDEX, labels).reshape(rows, row_len)
-    return {
-        "input_ids": ids,
-        "labels": labels,
-        "attention_mask": (~hole).astype(np.int64).reshape(rows, row_len),
-        "position_ids": xp.asarray(idx["position_ids"]),
-        "cu_seqlens": xp.asarray(idx["cu_seqlens"]),
-    }
+def segments(lengths: np.ndarray, where_row: np.ndarray, *, rows: int,
+             row_len: int) -> np.ndarray:
+    """``cu_seqlens`` (int32) of one batch of placed examples ``lengths`` (already cut to
+    ``row_len``): 0, then the end of every document and of each row's padding, in the flattened
+    (rows * row_len) batch."""
+    ends = np.empty(lengths.shape[0] + rows, np.int64)
+    k = int(_segments(np.ascontiguousarray(lengths, np.int64),
+                      np.ascontiguousarray(where_row, np.int64), rows, row_len, ends))
+    return np.concatenate([[0], ends[:k]]).astype(np.int32)

@@ -73,16 +73,23 @@ def test_packed_at_block_boundaries(batch_size, seq_len, start):
         assert got.stats == want.stats
 
 
-def test_kernels_launch_only_with_the_signatures_compiled_to_ptx():
+def test_kernels_launch_only_with_the_signatures_compiled_to_ptx(tmp_path):
+    import importlib
+
     from numba.core import sigutils
 
-    from ndp.kernels import build_cuda, compact_cuda, crc16_cuda
+    import ndp
+    from ndp.kernels import CUDA_MODULES
 
     stream = big_stream(300)
     dec = CudaDecoder()
     dec.decode_padded(stream.array, stream.offsets, max_seq_length=64)
     dec.decode_packed(dec.resident(stream.array), stream.offsets, batch_size=2, seq_len=64)
-    for module in (crc16_cuda, compact_cuda, build_cuda):
+    (tmp_path / "s.ndp").write_bytes(stream.data)
+    for mode in ("padded", "packed", "packing"):  # the Loader launches the packing kernel
+        with ndp.Loader(tmp_path, mode=mode, batch_size=4, seq_len=64, backend="cuda") as loader:
+            next(iter(loader))
+    for module in map(importlib.import_module, CUDA_MODULES):
         for name, (kernel, sigs) in module.SIGNATURES.items():
             expected = {sigutils.normalize_signature(s)[0] for s in sigs}
             assert set(kernel.overloads) <= expected, name

@@ -28,6 +28,12 @@ def tensor(array: Any) -> torch.Tensor:
     return torch.from_dlpack(array)
 
 
+def current_stream_handle() -> int:
+    """The raw handle of torch's current CUDA stream on the current device (what the consumer's
+    work is queued on, unless told otherwise)."""
+    return int(torch.cuda.current_stream().cuda_stream)
+
+
 def to_torch(batch: PaddedBatch | PackedBatch) -> dict[str, torch.Tensor]:
     """``{"input_ids", "labels", "attention_mask"}`` of a padded batch, or ``{"x", "y"}`` of a
     packed one (``y`` is already shifted: compare it with the logits of ``x`` directly), as

@@ -30,10 +30,12 @@ def main(arch: str) -> int:
     from numba.cuda import dispatcher
 
     dispatcher.get_current_device = lambda: _TargetDevice(cc)
-    from ndp.kernels import build_cuda, compact_cuda, crc16_cuda
+    import importlib
+
+    from ndp.kernels import CUDA_MODULES
 
     failed = 0
-    for module in (crc16_cuda, compact_cuda, build_cuda):
+    for module in map(importlib.import_module, CUDA_MODULES):
         for name, (kernel, signatures) in module.SIGNATURES.items():
             for sig in signatures:
                 record = {"kernel": f"{module.__name__}.{name}", "sig": sig, "cc": arch}

@@ -1,0 +1,66 @@
+"""Verdicts: what becomes of each packet, in one int64 per packet (CPU reference).
+
+``verdict >= 0``: a valid token packet holding that many tokens (it becomes training data);
+``verdict < 0``: a dropped packet, ``-verdict`` being its ``DropReason`` (OK is 0, every drop
+reason is >= 1, so the two never meet). One array says everything the host needs to lay out
+batches (which rows, how many tokens, which windows) and to count every drop by reason, so a
+decode needs one device-to-host copy of it and no other.
+
+``limits[k]`` is where packet ``k``'s shard ends inside ``shard`` (packets staged from several
+shards into one buffer: each one's verdict must be the one it gets in its own shard, so a LEN
+running past its shard's end is TRUNCATED even if other bytes follow in the buffer); an empty
+``limits`` means the whole buffer is the shard.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ndp.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
+from ndp.kernels._jit import cpu_kernel
+from ndp.kernels.build import token_layout
+from ndp.kernels.crc16 import CRC16_TABLES, VALIDATE_GRAIN, packet_status
+from ndp.threads import parallel_for
+
+OK = int(DropReason.OK)
+
+
+@cpu_kernel
+def verdict_of(status, n_tokens):  # pragma: no cover - compiled
+    """The verdict for a packet with validation ``status`` holding ``n_tokens`` if valid."""
+    if status != OK:
+        return -np.int64(status)
+    return np.int64(n_tokens)
+
+
+@cpu_kernel
+def _verdicts(shard, offsets, limits, out, tables, w_t, m_t, s_t, lo, hi):  # pragma: no cover
+    size = shard.shape[0]
+    for k in range(lo, hi):
+        off = np.int64(offsets[k])
+        limit = size
+        if limits.shape[0] > 0:
+            limit = max(np.int64(0), min(np.int64(limits[k]), size))
+        status = packet_status(shard[:limit], off, tables, w_t, m_t, s_t)
+        n = np.int64(0)
+        if status == OK:
+            n = token_layout(shard, off, w_t, m_t)[0]
+        out[k] = verdict_of(status, n)
+
+
+def verdicts_cpu(shard: np.ndarray, offsets: np.ndarray, limits: np.ndarray,
+                 out: np.ndarray) -> None:
+    """The verdict of the packet at each of ``offsets`` into ``out`` (int64, same length).
+    Synchronous; allocates nothing; runs on ndp's host threads."""
+    parallel_for(_verdicts, offsets.shape[0], shard, offsets, limits, out, CRC16_TABLES,
+                 TYP_WIDTH_TABLE, TYP_MASKED_TABLE, TYP_SKIP_TABLE, grain=VALIDATE_GRAIN)
+
+
+def status_of(verdicts: np.ndarray) -> np.ndarray:
+    """The ``DropReason`` code (uint8) of each verdict."""
+    return np.where(verdicts >= 0, OK, -verdicts).astype(np.uint8)
+
+
+def tokens_of(verdicts: np.ndarray) -> np.ndarray:
+    """Tokens each packet contributes (0 for dropped ones)."""
+    return np.maximum(verdicts, 0)

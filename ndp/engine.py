@@ -1,0 +1,168 @@
+"""The decode primitives of a backend, on the buffers of a ring slot: verdicts, and the padded,
+packed and packing builds (``ndp.kernels``). ``CpuEngine`` runs the CPU kernels on host arrays;
+``ndp.cuda_engine.CudaEngine`` launches the CUDA kernels on its streams. Both have the same
+methods and write the same values, so everything around them (``ndp.layout``, ``ndp.chunks``,
+``ndp.serve``) is backend-agnostic.
+
+A ``Slot`` holds one chunk's buffers: scratch (the packets' offsets, their verdicts, the build
+plan) and outputs, each allocated once and grown by powers of two, so a steady loop allocates
+nothing. ``Slot.generation`` changes whenever an output is reallocated, so whoever wrapped the
+outputs (``ndp.serve``) knows to wrap them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ndp.counters import Counters
+from ndp.errors import ConfigError
+from ndp.kernels.build import build_packed_cpu, build_packing_cpu, build_padded_cpu
+from ndp.kernels.verdict import verdicts_cpu
+
+#: the outputs of each mode, (name, dtype); "cu_seqlens" is 1-D, the others (rows, columns)
+OUTPUTS = {
+    "padded": (("input_ids", np.int64), ("labels", np.int64), ("attention_mask", np.int64)),
+    "packed": (("x", np.int64), ("y", np.int64)),
+    "packing": (("input_ids", np.int64), ("labels", np.int64), ("attention_mask", np.int64),
+                ("position_ids", np.int64), ("cu_seqlens", np.int32)),
+}
+
+
+def grow(n: int) -> int:
+    """Capacity for ``n`` items: the next power of two (at least 64), so sizes settle fast."""
+    return max(64, 1 << max(0, (n - 1).bit_length()))
+
+
+class TooManyShards(ConfigError):
+    """A chunk needs more shards on the device at once than its staging area holds."""
+
+
+@dataclass
+class Staged:
+    """A chunk's packets where the kernels can read them: the byte buffer, each packet's offset
+    in it and where its shard ends (``limits``; empty: the buffer is one shard)."""
+
+    data: Any
+    offsets: Any
+    limits: Any
+    n: int
+    shards: tuple[int, ...] = ()  # corpus shards it reads (device arena bookkeeping)
+
+
+@dataclass
+class Slot:
+    """One ring slot's buffers (see the module docstring) and, on a GPU, its events."""
+
+    index: int
+    scratch: dict[str, tuple[Any, Any, int]] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    out_key: tuple = ()
+    out_caps: tuple[int, int] = (0, 0)
+    generation: int = 0
+    ready: Any = None  # recorded after the chunk's kernels (GPU)
+    released: Any = None  # recorded on the consumer's stream when it is done with the chunk
+    released_recorded: bool = False
+
+
+class CpuEngine:
+    """Decode primitives on the host's cores (``ndp.threads``)."""
+
+    backend = "cpu"
+    #: whether work is queued on streams that a consumer must be ordered after
+    has_streams = False
+
+    def __init__(self, counters: Counters | None = None) -> None:
+        self.counters = counters if counters is not None else Counters()
+
+    # ------------------------------------------------------------------------------- buffers
+    def scratch(self, slot: Slot, name: str, n: int, dtype: Any) -> tuple[Any, np.ndarray]:
+        """(kernel array, host array) of at least ``n`` items; one array on the CPU."""
+        have = slot.scratch.get(name)
+        if have is None or have[2] < n:
+            cap = grow(n)
+            array = self._host(cap, dtype)
+            have = slot.scratch[name] = (self._device(cap, dtype, like=array), array, cap)
+        return have[0], have[1]
+
+    def outputs(self, slot: Slot, mode: str, rows: int, cols: int, extra: int = 0) -> dict:
+        """The slot's output buffers for ``rows`` x ``cols`` of ``mode`` (and ``extra`` items of
+        the 1-D ``cu_seqlens``), reallocated when too small or of another shape."""
+        key = (mode, cols)
+        if slot.out_key != key or slot.out_caps[0] < rows or slot.out_caps[1] < extra:
+            self.synchronize_slot(slot)
+            caps = (grow(max(rows, 1)), grow(max(extra, 1)))
+            slot.outputs = {
+                name: self._output((caps[1],) if name == "cu_seqlens" else (caps[0], cols), dtype)
+                for name, dtype in OUTPUTS[mode]}
+            slot.out_key, slot.out_caps = key, caps
+            slot.generation += 1
+        return slot.outputs
+
+    def _host(self, n: int, dtype: Any) -> np.ndarray:
+        return np.empty(n, dtype)
+
+    def _device(self, n: int, dtype: Any, like: np.ndarray) -> Any:
+        return like
+
+    def _output(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return np.empty(shape, dtype)
+
+    @staticmethod
+    def kernel_array(buffer: Any) -> Any:
+        """The array a kernel writes for an output buffer."""
+        return buffer
+
+    # ------------------------------------------------------------------------------- kernels
+    def verdicts(self, staged: Staged, slot: Slot) -> np.ndarray:
+        """Each staged packet's verdict (``ndp.kernels.verdict``), on the host."""
+        _, out = self.scratch(slot, "verdicts", staged.n, np.int64)
+        self.counters.launches += 1
+        verdicts_cpu(staged.data, staged.offsets, staged.limits, out[:staged.n])
+        return out[:staged.n]
+
+    def upload(self, slot: Slot, name: str, values: np.ndarray) -> Any:
+        """``values`` where the kernels read them (the CPU reads host memory as it is)."""
+        return values
+
+    def build_padded(self, staged: Staged, slot: Slot, row_packet: np.ndarray, pad_id: int,
+                     outs: dict) -> None:
+        self.counters.launches += 1
+        build_padded_cpu(staged.data, staged.offsets, self.upload(slot, "rows", row_packet),
+                         pad_id, outs["input_ids"], outs["labels"], outs["attention_mask"])
+
+    def build_packed(self, staged: Staged, slot: Slot, rows: np.ndarray, cum: np.ndarray,
+                     start: int, windows: int, outs: dict) -> None:
+        self.counters.launches += 1
+        build_packed_cpu(staged.data, staged.offsets, rows, cum, start, outs["x"][:windows],
+                         outs["y"][:windows])
+
+    def build_packing(self, staged: Staged, slot: Slot, plan: dict, pad_id: int,
+                      outs: dict) -> None:
+        self.counters.launches += 1
+        build_packing_cpu(staged.data, staged.offsets, plan["doc_packet"], plan["doc_col"],
+                          plan["doc_len"], plan["row_docs"], pad_id, outs["input_ids"],
+                          outs["labels"], outs["attention_mask"], outs["position_ids"])
+        cu = plan["cu_seqlens"]
+        outs["cu_seqlens"][:cu.shape[0]] = cu
+
+    # ------------------------------------------------------------------------ slot ordering
+    def acquire(self, slot: Slot) -> None:
+        """Before a slot is written again (its previous chunk is released)."""
+
+    def finish(self, slot: Slot) -> None:
+        """After a chunk's kernels were queued into ``slot``."""
+
+    def synchronize_slot(self, slot: Slot) -> None:
+        """Wait until the slot's queued work is done (before its memory is reallocated)."""
+
+    def synchronize(self) -> None:
+        """Wait for everything queued (nothing: CPU work is synchronous)."""
+
+    def consumer_wait(self, slot: Slot, handle: int | None) -> None:
+        """Order the consumer's stream after the slot's chunk (nothing to order on the CPU)."""
+
+    def release(self, slot: Slot, handle: int | None) -> None:
+        """The consumer is done with the slot's chunk (nothing to record on the CPU)."""

@@ -1,0 +1,152 @@
+"""Plan: which packets this rank reads each epoch, in which order, and how they are cut into
+chunks (the first stage of the Loader's pipeline: plan, stage, decode, serve).
+
+The order, rank split, CRC-Drop and mixing are ``ndp.order``'s pure functions of the seed and
+epoch. A chunk is a run of consecutive packets of the share that holds ``batches`` batches by
+the index's token counts; the batches themselves are laid out after decoding (``ndp.layout``),
+from what the packets really hold, so the cut never changes a batch: with fewer batches per
+chunk, or more, the Loader delivers the same ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ndp import packing
+from ndp.corpus import Corpus
+from ndp.errors import ConfigError
+from ndp.order import drop_mask, epoch_order, mix, rank_share
+
+
+class Plan:
+    """This rank's share of each epoch and the chunks of it (see the module docstring)."""
+
+    def __init__(self, corpus: Corpus, *, mode: str, batch_size: int, seq_len: int,
+                 shuffle: bool, seed: int, rank: int, world_size: int, crc_drop_rate: float,
+                 mix: dict | None, mix_by: str) -> None:
+        self.corpus, self.mode = corpus, mode
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.crc_drop_rate = crc_drop_rate
+        self._setup_mix(mix, mix_by)
+        self._share_cache: tuple | None = None
+
+    # ------------------------------------------------------------------------------ shares
+    def share(self, epoch: int) -> tuple[np.ndarray, int, dict]:
+        """This rank's packets of ``epoch`` after CRC-Drop and mixing, how many CRC-Drop
+        removed, and per source how many packets mixing left unused."""
+        if self._share_cache is not None and self._share_cache[0] == epoch:
+            return self._share_cache[1:]
+        within = "phase" if self.mode == "packed" else "permute"
+        order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                            within=within)
+        share = rank_share(order, self.rank, self.world_size)
+        dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
+                            rate=self.crc_drop_rate)
+        kept = share[~dropped[share]]
+        unused_by_source: dict[str, int] = {}
+        if self._mix_keys is not None:
+            key = self._source_key(kept)
+            parts = [kept[key == k] for k in range(len(self._mix_names))]
+            kept, unused = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch,
+                               rank=self.rank)
+            unused_by_source = {name: int(n) for name, n in zip(self._mix_names, unused) if n}
+        self._share_cache = (epoch, kept, int(dropped[share].sum()), unused_by_source)
+        return self._share_cache[1:]
+
+    def by_source(self, share: np.ndarray, counted: dict) -> None:
+        """Turn a batch's ``_range`` of newly counted share positions into packets per source
+        (mixing only)."""
+        a, b = counted.pop("_range", (0, 0))
+        if self._mix_keys is not None and b > a:
+            n = np.bincount(self._source_key(share[a:b]), minlength=len(self._mix_names))
+            counted["sources"] = {name: int(k) for name, k in zip(self._mix_names, n) if k}
+
+    # ------------------------------------------------------------------------------ chunks
+    def chunk_end(self, share: np.ndarray, pos: int, tok: int, batches: int) -> int:
+        """The share position where a chunk of ``batches`` batches from ``(pos, tok)`` ends,
+        by the index's token counts."""
+        n = share.shape[0]
+        B, T = self.batch_size, self.seq_len
+        if self.mode == "padded":
+            return min(pos + batches * B, n)
+        if self.mode == "packed":
+            need = tok + batches * B * T + 1
+            ahead = 64  # a bounded look-ahead: never a cumulative sum over the rest of the epoch
+            while True:
+                cum = np.cumsum(self.corpus.tokens[share[pos: pos + ahead]])
+                if (cum.shape[0] and cum[-1] >= need) or pos + ahead >= n:
+                    break
+                ahead *= 4
+            return min(pos + int(np.searchsorted(cum, need)) + 1, n)
+        at = pos
+        for _ in range(batches):  # packing: a batch takes its candidates when all are valid
+            if at >= n:
+                break
+            at = self.candidates(share, at)
+        return min(at, n)
+
+    def candidates(self, share: np.ndarray, at: int) -> int:
+        """Packing: the end of the candidates of the batch that starts at share position
+        ``at``: the packets whose index lengths fill ``batch_size`` rows (at least one)."""
+        B, L = self.batch_size, self.seq_len
+        cap = 8 * B
+        while True:
+            window = self.corpus.tokens[share[at: at + cap]]
+            _, _, fits = packing.plan(window, rows=B, row_len=L)
+            if fits < window.shape[0] or at + cap >= share.shape[0]:
+                return at + max(fits, 1)
+            cap *= 2
+
+    # ------------------------------------------------------------------------------ mixing
+    def _setup_mix(self, weights: dict | None, mix_by: str) -> None:
+        """Sources and their weights; every source present in the corpus must have a weight
+        (0 leaves it out on purpose), so no packet is left out silently."""
+        self._mix_keys = self._mix_weights = None
+        self._mix_names: list[str] = []
+        self.mix_spec: list | None = None
+        self._mix_by = mix_by
+        if mix_by not in ("group", "src"):
+            raise ConfigError(f"mix_by must be 'group' or 'src', got {mix_by!r}")
+        if weights is None:
+            return
+        corpus = self.corpus
+        if mix_by == "group":
+            present: dict[str, Any] = {name: g for g, name in enumerate(corpus.groups)}
+        else:
+            from ndp.format import Src
+
+            present = {}
+            for v in np.unique(corpus.src).tolist():
+                try:
+                    present[Src(v).name] = v
+                except ValueError:
+                    present[str(v)] = v
+        named = {}
+        for key, w in weights.items():
+            name = key.name if hasattr(key, "name") else str(key)
+            if isinstance(key, int) and mix_by == "src" and not hasattr(key, "name"):
+                name = next((n for n, v in present.items() if v == key), str(key))
+            if name not in present:
+                raise ConfigError(f"mix names {key!r}, which is not a {mix_by} of this corpus "
+                                  f"(it has {sorted(present)})")
+            named[name] = float(w)
+        missing = sorted(set(present) - set(named))
+        if missing:
+            raise ConfigError(f"mix gives no weight to {missing}; give each {mix_by} a weight "
+                              f"(0 to leave it out on purpose)")
+        self._mix_names = sorted(named)
+        self._mix_weights = np.array([named[n] for n in self._mix_names])
+        values = np.array([present[n] for n in self._mix_names], np.int64)
+        lookup = np.full(256 if mix_by == "src" else len(corpus.groups), -1, np.int64)
+        lookup[values] = np.arange(values.shape[0])
+        self._mix_keys = lookup
+        self.mix_spec = [[n, named[n]] for n in self._mix_names]
+        mix([np.zeros(0, np.int64)] * len(values), self._mix_weights, seed=0, epoch=0, rank=0)
+
+    def _source_key(self, packets: np.ndarray) -> np.ndarray:
+        """Mixing source number of each packet."""
+        raw = self.corpus.group[packets] if self._mix_by == "group" else self.corpus.src[packets]
+        return self._mix_keys[raw]
