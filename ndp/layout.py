@@ -34,6 +34,7 @@ from ndp.format import DropReason
 from ndp.kernels.verdict import status_of, tokens_of
 
 _N_REASONS = len(DropReason)
+_NAMES = [DropReason(c).name for c in range(_N_REASONS)]
 
 
 @dataclass
@@ -62,10 +63,29 @@ class Layout:
 
 def count(verdicts: np.ndarray) -> dict[str, Any]:
     """Packets, valid ones and drops by reason, for ``LoaderStats.add``."""
-    codes = np.bincount(status_of(verdicts), minlength=_N_REASONS)
-    return {"packets": int(verdicts.shape[0]), "valid": int(codes[DropReason.OK]),
-            "corrupt": {DropReason(c).name: int(k) for c, k in enumerate(codes)
-                        if c != DropReason.OK and k}}
+    return count_segments(verdicts, np.array([0, verdicts.shape[0]]))[0]
+
+
+def count_segments(verdicts: np.ndarray, bounds: np.ndarray) -> list[dict[str, Any]]:
+    """``count`` of each segment ``verdicts[bounds[i]:bounds[i + 1]]`` (one pass for all)."""
+    n_seg = bounds.shape[0] - 1
+    if n_seg <= 0:
+        return []
+    a, b = int(bounds[0]), int(bounds[-1])
+    seg = np.repeat(np.arange(n_seg), np.diff(bounds))
+    codes = np.bincount(seg * _N_REASONS + status_of(verdicts[a:b]),
+                        minlength=n_seg * _N_REASONS).reshape(n_seg, _N_REASONS).tolist()
+    out = []
+    for row in codes:
+        corrupt = {_NAMES[c]: k for c, k in enumerate(row) if k and c != DropReason.OK}
+        out.append({"packets": sum(row), "valid": row[DropReason.OK], "corrupt": corrupt})
+    return out
+
+
+def _sums(values: np.ndarray, bounds: np.ndarray) -> list[int]:
+    """The sum of ``values`` over each segment between consecutive ``bounds``."""
+    cum = np.concatenate([[0], np.cumsum(values)])
+    return np.diff(cum[bounds]).tolist()
 
 
 def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: int) -> Layout:
@@ -74,17 +94,18 @@ def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: i
     n = verdicts.shape[0]
     valid = verdicts >= 0
     row_packet = np.flatnonzero(valid).astype(np.int64)
-    rows_before = np.concatenate([[0], np.cumsum(valid)])
+    bounds = np.append(np.arange(0, n, batch_size), n)
+    rows_before = np.concatenate([[0], np.cumsum(valid)])[bounds].tolist()
     tokens = tokens_of(verdicts)
-    kept = np.minimum(tokens, max_len)
+    kept = _sums(np.minimum(tokens, max_len), bounds)
+    total = _sums(tokens, bounds)
     batches = []
-    for a in range(0, n, batch_size):
-        b = min(a + batch_size, n)
-        counted = count(verdicts[a:b])
-        counted["tokens"] = int(kept[a:b].sum())
-        counted["truncated_tokens"] = int(tokens[a:b].sum()) - counted["tokens"]
+    for j, counted in enumerate(count_segments(verdicts, bounds)):
+        a, b = int(bounds[j]), int(bounds[j + 1])
+        counted["tokens"] = kept[j]
+        counted["truncated_tokens"] = total[j] - kept[j]
         counted["_range"] = (pos + a, pos + b)
-        rows = (int(rows_before[a]), int(rows_before[b]))
+        rows = (rows_before[j], rows_before[j + 1])
         batches.append(Batch({"input_ids": rows, "labels": rows, "attention_mask": rows},
                              {"pos": pos + b, "tok": 0}, counted))
     return Layout(batches, {"row_packet": row_packet}, packets_used=n)
@@ -106,20 +127,22 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
     n_batches = max(0, min(max_batches, (total - tok - 1) // per_batch))
     rows = np.flatnonzero(verdicts >= 0).astype(np.int64)
     cum = np.concatenate([[0], np.cumsum(tokens[rows])]).astype(np.int64)
+    ends = tok + np.arange(1, n_batches + 1, dtype=np.int64) * per_batch  # next batch's start
+    # the packets each batch reaches: those starting before one past the last token it reads
+    reached = np.maximum.accumulate(np.maximum(
+        np.searchsorted(starts, ends + 1, side="left"), counted_from))
+    bounds = np.concatenate([[counted_from], reached])
+    skips = np.searchsorted(run, ends, side="right").tolist()  # packets wholly before it
+    run_list = run.tolist()
     batches = []
-    first = counted_from
-    for i in range(n_batches):
-        window_end = tok + (i + 1) * per_batch + 1  # one past the last token this batch reads
-        reached = max(first, int(np.searchsorted(starts, window_end, side="left")))
-        counted = count(verdicts[first:reached])
+    for i, counted in enumerate(count_segments(verdicts, bounds)):
         counted["tokens"] = per_batch
-        counted["_range"] = (pos + first, pos + reached)
-        first = reached
-        next_tok = tok + (i + 1) * per_batch
-        skip = int(np.searchsorted(run, next_tok, side="right"))  # packets wholly before it
-        state = {"pos": pos + skip, "tok": next_tok - (int(run[skip - 1]) if skip else 0)}
+        counted["_range"] = (pos + int(bounds[i]), pos + int(bounds[i + 1]))
+        skip = skips[i]
+        state = {"pos": pos + skip, "tok": int(ends[i]) - (run_list[skip - 1] if skip else 0)}
         batches.append(Batch({"x": (i * batch_size, (i + 1) * batch_size),
                               "y": (i * batch_size, (i + 1) * batch_size)}, state, counted))
+    first = int(bounds[-1])
     layout = Layout(batches, {"rows": rows, "cum": cum, "start": tok,
                               "windows": n_batches * batch_size},
                     packets_used=first)

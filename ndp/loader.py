@@ -80,7 +80,7 @@ STATE_VERSION = 1
 #: tokens per chunk by default: a GPU amortises its per-call cost over 64 batches of 64 x 1,024
 #: (256 MB of int64 outputs per padded chunk, a ring of them on the device); on the CPU the
 #: hand-off to ndp's threads is what is amortised, and smaller chunks keep host memory small
-CHUNK_TOKENS = {"cuda": 1 << 22, "cpu": 1 << 18}
+CHUNK_TOKENS = {"cuda": 1 << 22, "cpu": 1 << 20}
 #: batches per chunk by default at least, and at most
 CHUNK_BATCHES_MIN = {"cuda": 8, "cpu": 1}
 CHUNK_BATCHES_MAX = 64
