@@ -66,10 +66,17 @@ def machine() -> dict:
         "cpu": cpu,
         "cores": os.cpu_count(),
         "numba_threads": numba.get_num_threads(),
+        "ndp_threads": ndp_threads(),
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "versions": versions,
         "ndp_commit": commit,
     }
+
+
+def ndp_threads() -> int:
+    from ndp.threads import get_num_threads
+
+    return get_num_threads()
 
 
 def synthetic_shard(n_packets: int, seq: int, width: int, masked: bool, seed: int = 0):
@@ -199,7 +206,7 @@ def bench_loader(n_packets: int, seq: int, batch: int) -> list[dict]:
                 writer.write(proto[i % 64])
         for mode, seq_len in (("padded", seq), ("packed", seq), ("packing", seq)):
             loader = Loader(tmp, mode=mode, batch_size=batch, seq_len=seq_len, backend="cpu",
-                            seed=0, prefetch=2)
+                            seed=0)
             for _ in loader:  # warm-up epoch: compile, page in
                 pass
             before = loader.stats.tokens
@@ -220,7 +227,8 @@ def bench_loader(n_packets: int, seq: int, batch: int) -> list[dict]:
             loader.close()
             lat = np.array(latencies) * 1e6
             row = {"mode": mode, "packets": n_packets, "seq_len": seq_len, "batch": batch,
-                   "prefetch": 2, "batches": len(latencies), "tokens": tokens,
+                   "prefetch": loader.prefetch, "chunk_batches": loader.chunk_batches,
+                   "batches": len(latencies), "tokens": tokens,
                    "tokens_per_s": tokens / wall, "next_p50_us": float(np.percentile(lat, 50)),
                    "next_p99_us": float(np.percentile(lat, 99)),
                    "host_cpu_s_per_billion_tokens": cpu / tokens * 1e9}

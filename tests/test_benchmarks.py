@@ -32,6 +32,27 @@ def test_gpu_benchmark_smoke_run_under_the_simulator(tmp_path):
     assert "versions" in report["machine"] and report["config"]["packets"] == 24
 
 
+def test_gpu_loader_benchmark_smoke_run_under_the_simulator(tmp_path):
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_gpu_loader.py"), "--smoke",
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("sim-loader-*.json")
+    report = json.loads(result.read_text())
+    assert report["device"]["simulated"] is True and "--smoke" in report["command"]
+    expected = {f"ndp_{kind}_{mode}" for kind in ("cuda_host", "cuda_resident", "cpu_copy")
+                for mode in ("padded", "packed")} | {"nanogpt_get_batch"}
+    assert set(report["results"]) == expected
+    for name, row in report["results"].items():
+        assert row["tokens"] == row["batches"] * 2 * 16 and row["next_p50_us"] > 0
+        assert row["host_cpu_s_per_billion_tokens"] > 0
+        if name.startswith("ndp_cuda"):
+            assert row["backend"] == "cuda" and row["chunk_batches"] == 64
+            assert row["per_batch"]["launches"] <= 0.1 and row["per_batch"]["host_waits"] <= 0.1
+    assert set(report["targets_met"]) == set(report["targets"])
+
+
 def test_loader_comparison_smoke_run(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "bench_loaders.py"), "--smoke", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
@@ -81,3 +102,39 @@ def test_every_ndp_pipeline_of_the_loader_comparison_names_a_real_backend():
         kind, mode = name.split("-")[1:]
         assert bench.NDP_BACKENDS[kind] in BACKENDS and bench.NDP_BACKENDS[kind] != "auto"
         assert mode in ("padded", "packed", "packing")
+
+
+def test_gpu_check_lists_its_steps_and_fails_loudly_without_a_gpu(tmp_path):
+    listed = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--list"],
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert names == ["gpu-tests", "device-equality", "memcheck", "bench-gpu-loader", "bench-gpu",
+                     "bench-loaders", "train-ab"]
+    # under the simulator (as on a machine without a GPU) the preflight fails, saying why, and
+    # nothing else runs
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py")], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    assert "FAIL  preflight" in proc.stdout and "NUMBA_ENABLE_CUDASIM=1 is set" in proc.stdout
+    assert "gpu-tests" not in proc.stdout and "FAILED" in proc.stdout
+
+
+def test_gpu_check_counts_a_skip_or_a_dirty_memcheck_as_a_failure():
+    import importlib
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        check = importlib.import_module("gpu_check")
+    finally:
+        sys.path.remove(str(BENCH))
+    assert check.verdict("gpu-tests", 0, "....\n33 passed in 80s")[0]
+    assert not check.verdict("gpu-tests", 0, "....\n30 passed, 3 skipped in 80s")[0]
+    assert not check.verdict("device-equality", 1, "1 failed, 60 passed")[0]
+    clean = "hostile run: 246 batches equal to the CPU\n========= ERROR SUMMARY: 0 errors"
+    assert check.verdict("memcheck", 0, clean) == (
+        True, "0 memory errors; hostile run: 246 batches equal to the CPU")
+    assert not check.verdict("memcheck", 9, clean.replace("0 errors", "3 errors"))[0]
+    assert check.verdict("train-ab", 0, "x\nwrote benchmarks/results/train-ab-1.json") == (
+        True, "wrote benchmarks/results/train-ab-1.json")
