@@ -409,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="time budget per pipeline")
     ap.add_argument("--large-tokens", type=int, default=None,
                     help="tokens in the data set for time to first batch (default 1e9)")
+    ap.add_argument("--pipelines", nargs="+", default=None, metavar="NAME",
+                    help=f"run only these (of {', '.join(GPU_PIPELINES + PIPELINES)}; the "
+                         f"ndp-gpu-* rows need a GPU)")
     ap.add_argument("--run-one", help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--cfg", help=argparse.SUPPRESS)
@@ -426,8 +429,17 @@ def main(argv: list[str] | None = None) -> int:
     pipelines = list(PIPELINES)
     from ndp.backend import cuda_unavailable_reason, simulated
 
-    if cuda_unavailable_reason() is None and not simulated():
+    has_gpu = cuda_unavailable_reason() is None and not simulated()
+    if has_gpu:
         pipelines = GPU_PIPELINES + pipelines
+    if args.pipelines:
+        unknown = sorted(set(args.pipelines) - set(GPU_PIPELINES + PIPELINES))
+        if unknown:
+            ap.error(f"unknown pipelines {unknown}")
+        if not has_gpu and set(args.pipelines) & set(GPU_PIPELINES):
+            ap.error(f"{sorted(set(args.pipelines) & set(GPU_PIPELINES))} need a CUDA GPU: "
+                     f"{cuda_unavailable_reason() or 'running under the simulator'}")
+        pipelines = [p for p in pipelines if p in args.pipelines]
     with tempfile.TemporaryDirectory(prefix="ndp-bench-") as tmp:
         work = Path(tmp)
         t = time.perf_counter()

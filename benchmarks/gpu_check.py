@@ -1,0 +1,186 @@
+"""Everything only a GPU can show, in one command that fits one 10-minute device call.
+
+    python benchmarks/gpu_check.py            # on a machine with a CUDA GPU
+    python benchmarks/gpu_check.py --list     # the steps, without running them
+
+Steps, each in its own process with its own time limit, all of them whatever an earlier one did:
+
+1. ``preflight``: a CUDA device Numba can use, CuPy, torch with CUDA, a NumPy that the installed
+   numba-cuda works with, and ``compute-sanitizer``; anything missing fails here, with what to
+   install, instead of a later step skipping silently;
+2. ``gpu-tests``: the ``gpu``-marked tests (``tests/test_gpu_device.py``) but the memcheck run;
+3. ``device-equality``: the CUDA-against-CPU tests (kernels, decoder, Loader chunks, accounting),
+   which run on the device when there is one;
+4. ``memcheck``: ``compute-sanitizer --tool memcheck`` over hostile input
+   (``tests/kernels/hostile_run.py``); the log is kept in ``benchmarks/results/``;
+5. ``bench-gpu-loader``: ``benchmarks/bench_gpu_loader.py`` (the Loader on the GPU, issue 11's
+   targets);
+6. ``bench-gpu``: ``benchmarks/bench_gpu.py --quick`` (the per-call decoder API);
+7. ``bench-loaders``: the GPU rows of ``benchmarks/bench_loaders.py`` beside the CPU ones
+   (``--quick``: a small corpus, so it fits);
+8. ``train-ab``: ``benchmarks/train_ab.py`` with the model on the GPU.
+
+Every results file lands in ``benchmarks/results/``; the summary lists them, with one line per
+step. Exit status 0 only if every step passed. A test skipped on a GPU machine is a failure here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PY = sys.executable
+DEVICE_TESTS = ["tests/kernels/test_cuda_kernels.py", "tests/test_gpu_decode.py",
+                "tests/test_chunks.py", "tests/test_counters.py", "tests/adapters/test_torch.py"]
+
+
+def sanitizer() -> str | None:
+    """``compute-sanitizer`` on PATH or in the usual CUDA install places."""
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if base and Path(base, "bin", "compute-sanitizer").exists():
+            return str(Path(base, "bin", "compute-sanitizer"))
+    return None
+
+
+def preflight() -> list[str]:
+    """What is missing for the other steps (empty: nothing)."""
+    problems = []
+    try:
+        from ndp.backend import cuda_unavailable_reason, simulated
+    except Exception as exc:  # noqa: BLE001 - reported
+        return [f"ndp does not import: {exc}"]
+    if simulated():
+        problems.append("NUMBA_ENABLE_CUDASIM=1 is set: unset it, this check needs the device")
+    elif (reason := cuda_unavailable_reason()) is not None:
+        problems.append(f"the cuda backend cannot run: {reason}")
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            problems.append(f"torch {torch.__version__} sees no CUDA device (a CPU build?)")
+    except ImportError:
+        problems.append("torch is not installed: pip install 'ndp[torch]'")
+    import numpy
+
+    if tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 5):
+        problems.append(f"numpy {numpy.__version__}: numba-cuda 0.30 needs numpy < 2.5 "
+                        f"(pip install 'numpy<2.5')")
+    if sanitizer() is None:
+        problems.append("compute-sanitizer was not found (CUDA toolkit's bin/, or CUDA_HOME)")
+    return problems
+
+
+def steps(sanitizer_path: str) -> list[tuple[str, list[str], int]]:
+    """(name, command, time limit in seconds) of every step after the preflight."""
+    return [
+        ("gpu-tests", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "gpu",
+                       "-k", "not memcheck", "tests/test_gpu_device.py"], 150),
+        ("device-equality", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                             *DEVICE_TESTS], 150),
+        ("memcheck", [sanitizer_path, "--tool", "memcheck", "--report-api-errors", "no",
+                      "--error-exitcode", "9", PY, "tests/kernels/hostile_run.py"], 150),
+        ("bench-gpu-loader", [PY, "benchmarks/bench_gpu_loader.py", "--seconds", "3"], 120),
+        ("bench-gpu", [PY, "benchmarks/bench_gpu.py", "--quick"], 60),
+        ("bench-loaders", [PY, "benchmarks/bench_loaders.py", "--quick", "--seconds", "3",
+                           "--pipelines", "ndp-gpu-padded", "ndp-gpu-packed", "ndp-cpu-padded",
+                           "ndp-cpu-packed", "memmap-get-batch", "threaded-numpy"], 150),
+        ("train-ab", [PY, "benchmarks/train_ab.py", "--steps", "150"], 120),
+    ]
+
+
+def verdict(name: str, rc: int, out: str) -> tuple[bool, str]:
+    """Whether a step passed, and its one-line summary."""
+    tail = [line for line in out.strip().splitlines() if line.strip()]
+    last = tail[-1] if tail else ""
+    if name in ("gpu-tests", "device-equality"):
+        skipped = re.search(r"(\d+) skipped", last)
+        if rc == 0 and skipped:
+            return False, f"{last} (a skip on a GPU machine is a failure here)"
+        return rc == 0, last
+    if name == "memcheck":
+        clean = "ERROR SUMMARY: 0 errors" in out
+        checked = next((line for line in tail if "equal to the CPU" in line), "")
+        return rc == 0 and clean and bool(checked), (
+            f"{'0 memory errors' if clean else 'memory errors or no summary'}; {checked}")
+    wrote = [line for line in tail if line.startswith("wrote")]
+    return rc == 0, wrote[-1] if wrote else last
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="print the steps and exit")
+    ap.add_argument("--budget", type=float, default=570.0,
+                    help="seconds for the whole check (a device call allows 600); a step "
+                         "left without time fails as not run")
+    args = ap.parse_args(argv)
+    if args.list:
+        for name, cmd, limit in steps(sanitizer() or "compute-sanitizer"):
+            print(f"{name:18s} {limit:4d} s  {' '.join(cmd)}")
+        return 0
+    start = time.time()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    before = set(RESULTS.iterdir())
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    env = dict(os.environ)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    summary: list[tuple[str, bool, float, str]] = []
+    problems = preflight()
+    summary.append(("preflight", not problems, time.time() - start,
+                    "; ".join(problems) or "GPU, CuPy, torch, numpy, compute-sanitizer"))
+    if problems:
+        _report(summary, [], start)
+        return 1
+    for name, cmd, limit in steps(sanitizer()):
+        t = time.time()
+        limit = int(min(limit, args.budget - (t - start)))
+        if limit < 10:
+            summary.append((name, False, 0.0, "not run: the time budget was spent"))
+            print(f"FAIL  {name:18s} not run: the time budget was spent", flush=True)
+            continue
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=limit)
+            rc, out = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc = 124
+            out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+                else (exc.stdout or "")
+            out += f"\n(timed out after {limit} s)"
+        ok, line = verdict(name, rc, out)
+        if rc == 124:
+            ok, line = False, f"timed out after {limit} s; {line}"
+        log = RESULTS / f"{'memcheck' if name == 'memcheck' else 'gpu-check-' + name}-{stamp}.log"
+        if name == "memcheck" or not ok:
+            log.write_text(f"$ {' '.join(cmd)}\n(exit {rc})\n{out}")
+        summary.append((name, ok, time.time() - t, line))
+        print(f"{'PASS' if ok else 'FAIL'}  {name:18s} {time.time() - t:6.1f} s  {line}",
+              flush=True)
+    new = sorted(p.name for p in set(RESULTS.iterdir()) - before)
+    _report(summary, new, start)
+    return 0 if all(ok for _, ok, _, _ in summary) else 1
+
+
+def _report(summary: list[tuple[str, bool, float, str]], new: list[str], start: float) -> None:
+    print("\n=== ndp GPU check ===")
+    for name, ok, seconds, line in summary:
+        print(f"{'PASS' if ok else 'FAIL'}  {name:18s} {seconds:6.1f} s  {line[:150]}")
+    print(f"results files ({len(new)}): " + (", ".join(new) or "none"))
+    print(f"total {time.time() - start:.0f} s; "
+          f"{'all passed' if all(ok for _, ok, _, _ in summary) else 'FAILED'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
