@@ -106,13 +106,21 @@ class LoaderStats:
     corrupt_bytes: int = 0
 
     def add(self, other: dict) -> None:
-        for key in ("packets", "valid", "dropped_on_purpose", "tokens", "truncated_tokens",
-                    "unused_tokens"):
-            setattr(self, key, getattr(self, key) + other.get(key, 0))
+        """Add what one batch (or an epoch's end) counted; on the consumer's hot path, so
+        written out key by key."""
+        get = other.get
+        self.packets += get("packets", 0)
+        self.valid += get("valid", 0)
+        self.tokens += get("tokens", 0)
+        self.truncated_tokens += get("truncated_tokens", 0)
+        self.dropped_on_purpose += get("dropped_on_purpose", 0)
+        self.unused_tokens += get("unused_tokens", 0)
         for key in ("corrupt", "sources", "mix_unused"):
-            mine = getattr(self, key)
-            for name, n in other.get(key, {}).items():
-                mine[name] = mine.get(name, 0) + n
+            found = get(key)
+            if found:
+                mine = getattr(self, key)
+                for name, n in found.items():
+                    mine[name] = mine.get(name, 0) + n
 
     def as_dict(self) -> dict:
         return {

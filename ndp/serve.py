@@ -76,11 +76,23 @@ class Ring:
             old = self.held.pop(0)
             self.engine.release(old, handle)
             self._free.put(old)
-        views = self._views(slot)
+        if not batches:
+            return
         if self.output == "arrays" and self.engine.backend == "cuda":
             for batch in batches:  # DeviceArray views (each orders its own DLPack consumer)
                 yield {name: slot.outputs[name].view(self.engine.compute_stream, b, a)
                        for name, (a, b) in batch.rows.items()}, batch
+            return
+        views = self._views(slot)
+        names = list(batches[0].rows)
+        if self.output == "torch":  # one split per output for the whole chunk: a C++ call
+            parts = {}
+            for name in names:
+                start, stop = batches[0].rows[name][0], batches[-1].rows[name][1]
+                sizes = [b.rows[name][1] - b.rows[name][0] for b in batches]
+                parts[name] = views[name][start:stop].split(sizes)
+            for i, batch in enumerate(batches):
+                yield {name: parts[name][i] for name in names}, batch
             return
         for batch in batches:
             yield {name: views[name][a:b] for name, (a, b) in batch.rows.items()}, batch
