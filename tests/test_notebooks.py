@@ -121,6 +121,14 @@ def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monk
         "results": {"gpu_resident_padded": {"tokens_per_s": 6.0e10, "next_p50_us": 10.0,
                                             "next_p99_us": 20.0}},
     })
+    _write(tmp_path / "gpu-loader-1.json", {
+        "created": "c", "machine": machine, "device": {"name": "Test GPU"},
+        "command": "python benchmarks/bench_gpu_loader.py",
+        "results": {"ndp_cuda_resident_padded": {
+            "tokens_per_s": 5.5e9, "next_p50_us": 12.0, "next_p99_us": 40.0,
+            "host_cpu_s_per_billion_tokens": 1.5,
+            "per_batch": {"launches": 0.031, "host_waits": 0.016}}},
+    })
     _write(tmp_path / "sim-1.json", {"results": {"gpu_host_padded": {"tokens_per_s": 1.0}}})
     _write(tmp_path / "broken.json", "{not json")
     _write(tmp_path / "other.json", {"something": 1})
@@ -129,12 +137,13 @@ def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monk
     text = text_of(nb)
     assert "kinds with no results file: none" in text
     for shown in ("ndp-cpu-padded", "jsonl-tokenize", "gpu_resident_padded", "Test GPU",
-                  "650.0", "60.000", "3.50", "1,500.0"):
+                  "650.0", "60.000", "3.50", "1,500.0", "ndp_cuda_resident_padded", "5.500",
+                  "0.031", "0.016"):
         assert shown in text, shown
     assert "n/a" in text  # the missing figures are marked, not filled in
     for refused in ("sim-1.json", "broken.json", "other.json"):
         assert refused in text.split("not shown:")[-1]
-    assert images(nb) == 4  # decode, loader, pipelines, GPU
+    assert images(nb) == 5  # decode, loader, pipelines, GPU decode calls, GPU Loader
 
 
 def test_benchmark_notebook_with_no_results(tmp_path, monkeypatch):
