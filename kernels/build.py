@@ -30,8 +30,9 @@ from ndp.format import (
 from ndp.kernels._jit import cpu_kernel
 from ndp.threads import parallel_for
 
-#: tokens per thread at least: below this a worker's hand-off (tens of us) costs more than it saves
-GRAIN_TOKENS = 32768
+#: tokens per thread at least: a hand-off to a worker costs ~100 us on a busy 2-core machine, so a
+#: part must hold a few hundred microseconds of work (a single 64 x 1024 batch stays in one thread)
+GRAIN_TOKENS = 131072
 
 
 @cpu_kernel
