@@ -58,9 +58,10 @@ class ChunkDecoder:
                     raise
                 batches = max(1, batches // 2)  # fewer batches, fewer shards at once
                 continue
+            engine.submit_verdicts(staged, slot)
             if self.stager.prefetches:  # the next chunk's first shards, while this decodes
                 self.stager.prefetch(share[q: plan.chunk_end(share, q, 0, 1)])
-            verdicts = engine.verdicts(staged, slot)
+            verdicts = engine.read_verdicts(slot, staged.n)
             layout = self._layout(verdicts, share, pos, tok, counted_upto, batches, q >= n)
             if layout.batches or layout.end is not None or q >= n:
                 break

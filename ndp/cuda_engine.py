@@ -23,7 +23,7 @@ import numpy as np
 
 from ndp.backend import simulated
 from ndp.counters import Counters
-from ndp.device import Buffer, configure, new_event, new_stream, pinned
+from ndp.device import LEGACY_DEFAULT_STREAM, Buffer, configure, new_event, new_stream, pinned
 from ndp.engine import CpuEngine, Slot, Staged, grow
 from ndp.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE
 from ndp.kernels.crc16 import CRC16_TABLES
@@ -115,9 +115,8 @@ class CudaEngine(CpuEngine):
         return launcher
 
     # ------------------------------------------------------------------------------- kernels
-    def verdicts(self, staged: Staged, slot: Slot) -> np.ndarray:
-        """Launch the verdict kernel, copy the verdicts back and wait for them (the one host
-        wait of a decode call)."""
+    def submit_verdicts(self, staged: Staged, slot: Slot) -> None:
+        """Queue the verdict kernel and the copy of the verdicts back (no wait)."""
         verdict_cuda, _ = _kernels()
         n = staged.n
         dev, host = self.scratch(slot, "verdicts", n, np.int64)
@@ -129,8 +128,12 @@ class CudaEngine(CpuEngine):
                 t["masked"], t["skip"])
             self.d2h(host[:n], dev[:n])
             self._done.record(self.compute_stream)
+
+    def read_verdicts(self, slot: Slot, n: int) -> np.ndarray:
+        """Wait for the verdicts (the one host wait of a decode call) and return them."""
+        if n:
             self.wait(self._done)
-        return host[:n]
+        return slot.scratch["verdicts"][1][:n]
 
     def build_padded(self, staged: Staged, slot: Slot, row_packet: np.ndarray, pad_id: int,
                      outs: dict) -> None:
@@ -202,10 +205,14 @@ class CudaEngine(CpuEngine):
 
     # ------------------------------------------------------------------- the consumer's side
     def _stream_of(self, handle: int) -> Any:
+        """Numba's handle on the consumer's stream (0, torch's default stream, is the legacy
+        default stream), with ndp's context current in the calling thread."""
+        from numba import cuda
+
+        cuda.current_context()  # the consumer's thread may not have used Numba before
+        handle = handle or LEGACY_DEFAULT_STREAM
         stream = self._external.get(handle)
         if stream is None:
-            from numba import cuda
-
             stream = self._external[handle] = cuda.external_stream(handle)
         return stream
 

@@ -116,12 +116,21 @@ class CpuEngine:
         return buffer
 
     # ------------------------------------------------------------------------------- kernels
-    def verdicts(self, staged: Staged, slot: Slot) -> np.ndarray:
-        """Each staged packet's verdict (``ndp.kernels.verdict``), on the host."""
+    def submit_verdicts(self, staged: Staged, slot: Slot) -> None:
+        """Start computing each staged packet's verdict (``ndp.kernels.verdict``); on the CPU
+        this is the whole computation."""
         _, out = self.scratch(slot, "verdicts", staged.n, np.int64)
         self.counters.launches += 1
         verdicts_cpu(staged.data, staged.offsets, staged.limits, out[:staged.n])
-        return out[:staged.n]
+
+    def read_verdicts(self, slot: Slot, n: int) -> np.ndarray:
+        """The verdicts ``submit_verdicts`` computed, on the host."""
+        return slot.scratch["verdicts"][1][:n]
+
+    def verdicts(self, staged: Staged, slot: Slot) -> np.ndarray:
+        """Each staged packet's verdict, on the host (submit, then read)."""
+        self.submit_verdicts(staged, slot)
+        return self.read_verdicts(slot, staged.n)
 
     def upload(self, slot: Slot, name: str, values: np.ndarray) -> Any:
         """``values`` where the kernels read them (the CPU reads host memory as it is)."""

@@ -270,7 +270,7 @@ def _threads() -> list[threading.Thread]:
 def test_a_producer_exception_reaches_the_consumer(corpus_dir):
     loader = make(corpus_dir, shuffle=False, chunk_batches=1)
     calls = {"n": 0}
-    real = loader.engine.verdicts
+    real = loader.engine.submit_verdicts
 
     def failing(*args, **kwargs):
         calls["n"] += 1
@@ -278,7 +278,7 @@ def test_a_producer_exception_reaches_the_consumer(corpus_dir):
             raise ValueError("disk on fire")
         return real(*args, **kwargs)
 
-    loader.engine.verdicts = failing
+    loader.engine.submit_verdicts = failing
     got = []
     with pytest.raises(ValueError, match="disk on fire"):
         for batch in loader:
