@@ -120,6 +120,7 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
     left unused). The build plan is ``rows``, ``cum`` (stream position of each row, and the
     total), ``start`` and ``windows``."""
     per_batch = batch_size * seq_len
+    counted_from = min(counted_from, verdicts.shape[0])
     tokens = tokens_of(verdicts)
     run = np.cumsum(tokens)  # stream position after each packet
     starts = run - tokens  # stream position of each packet's first token

@@ -32,6 +32,8 @@ class Plan:
         self.crc_drop_rate = crc_drop_rate
         self._setup_mix(mix, mix_by)
         self._share_cache: tuple | None = None
+        self._memo_share: np.ndarray | None = None
+        self._memo: dict[int, int] = {}
 
     # ------------------------------------------------------------------------------ shares
     def share(self, epoch: int) -> tuple[np.ndarray, int, dict]:
@@ -90,14 +92,24 @@ class Plan:
 
     def candidates(self, share: np.ndarray, at: int) -> int:
         """Packing: the end of the candidates of the batch that starts at share position
-        ``at``: the packets whose index lengths fill ``batch_size`` rows (at least one)."""
+        ``at``: the packets whose index lengths fill ``batch_size`` rows (at least one).
+        Remembered for the share last asked about: a chunk's plan and its layout ask for the
+        same positions."""
+        if self._memo_share is not share:
+            self._memo_share, self._memo = share, {}
+        q = self._memo.get(at)
+        if q is not None:
+            return q
         B, L = self.batch_size, self.seq_len
         cap = 8 * B
         while True:
             window = self.corpus.tokens[share[at: at + cap]]
             _, _, fits = packing.plan(window, rows=B, row_len=L)
             if fits < window.shape[0] or at + cap >= share.shape[0]:
-                return at + max(fits, 1)
+                q = self._memo[at] = at + max(fits, 1)
+                if len(self._memo) > 4096:  # positions behind the producer are not asked again
+                    self._memo = {at: q}
+                return q
             cap *= 2
 
     # ------------------------------------------------------------------------------ mixing

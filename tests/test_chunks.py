@@ -150,6 +150,7 @@ def test_cuda_chunks_equal_the_cpu_batches(corpus, mode):
     want = run(make(corpus, mode=mode, chunk_batches=1), 14)
     assert_same(run(make(corpus, mode=mode, backend="cuda", chunk_batches=4), 14), want)
     assert_same(run(make(corpus, mode=mode, backend="cuda", resident=True), 14), want)
+    assert_same(run(make(corpus, mode=mode, resident=True, chunk_batches=5), 14), want)  # CPU
 
 
 @pytest.mark.parametrize("mode", ["padded", "packed"])
