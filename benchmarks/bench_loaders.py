@@ -151,7 +151,7 @@ def pipe_ndp(root: Path, cfg: dict, *, mode: str, backend: str):
     import ndp
 
     loader = ndp.Loader(root / "ndp", mode=mode, batch_size=cfg["B"], seq_len=cfg["T"],
-                        pad_token_id=cfg["pad"], seed=0, backend=backend, prefetch=2)
+                        pad_token_id=cfg["pad"], seed=0, backend=backend)
     while True:
         yield from loader
 
