@@ -38,15 +38,15 @@ class ChunkDecoder:
         self.pad_token_id = pad_token_id
         self.chunk_batches = chunk_batches
 
-    def decode(self, slot: Slot, share: np.ndarray, pos: int, tok: int,
-               counted_upto: int) -> Chunk:
+    def decode(self, slot: Slot, share: np.ndarray, pos: int, tok: int, counted_upto: int,
+               batches: int | None = None) -> Chunk:
         """The next chunk from share position ``pos`` (and stream token ``tok``, packed mode):
-        at most ``chunk_batches`` batches, at least one unless the share ends in it (then
-        ``layout.end`` or an exhausted share says so). ``counted_upto``: the first share
-        position no earlier batch counted."""
+        at most ``batches`` (default ``chunk_batches``) batches, at least one unless the share
+        ends in it (then ``layout.end`` or an exhausted share says so). ``counted_upto``: the
+        first share position no earlier batch counted."""
         plan, engine = self.plan, self.engine
         n = share.shape[0]
-        batches = self.chunk_batches
+        batches = batches or self.chunk_batches
         engine.acquire(slot)
         while True:
             q = plan.chunk_end(share, pos, tok, batches)
@@ -91,14 +91,20 @@ class ChunkDecoder:
         engine, mode = self.engine, self.plan.mode
         T = self.plan.seq_len
         build = layout.build
+        # outputs are allocated for a full chunk at once, so the small first chunks after a
+        # start do not make the slots grow (and be wrapped for the consumer) again and again
+        full = self.chunk_batches * self.plan.batch_size
         if mode == "padded":
             rows = build["row_packet"]
-            outs = engine.outputs(slot, mode, rows.shape[0], T)
+            outs = engine.outputs(slot, mode, max(rows.shape[0], full), T)
             engine.build_padded(staged, slot, rows, self.pad_token_id, outs)
         elif mode == "packed":
-            outs = engine.outputs(slot, mode, build["windows"], T)
+            outs = engine.outputs(slot, mode, max(build["windows"], full), T)
             engine.build_packed(staged, slot, build["rows"], build["cum"], build["start"],
                                 build["windows"], outs)
         else:
-            outs = engine.outputs(slot, mode, build["rows"], T, build["cu_seqlens"].shape[0])
+            # cu_seqlens: at most one segment per token and one of padding per row, plus 0
+            most = self.chunk_batches * (self.plan.batch_size * (T + 1) + 1)
+            outs = engine.outputs(slot, mode, max(build["rows"], full), T,
+                                  max(build["cu_seqlens"].shape[0], most))
             engine.build_packing(staged, slot, build, self.pad_token_id, outs)

@@ -89,14 +89,23 @@ class CpuEngine:
 
     def outputs(self, slot: Slot, mode: str, rows: int, cols: int, extra: int = 0) -> dict:
         """The slot's output buffers for ``rows`` x ``cols`` of ``mode`` (and ``extra`` items of
-        the 1-D ``cu_seqlens``), reallocated when too small or of another shape."""
+        the 1-D ``cu_seqlens``); a buffer is reallocated only when it is too small or of
+        another shape."""
         key = (mode, cols)
-        if slot.out_key != key or slot.out_caps[0] < rows or slot.out_caps[1] < extra:
+        fresh = slot.out_key != key
+        more_rows = fresh or slot.out_caps[0] < rows
+        more_extra = fresh or slot.out_caps[1] < extra
+        if more_rows or more_extra:
             self.synchronize_slot(slot)
-            caps = (grow(max(rows, 1)), grow(max(extra, 1)))
-            slot.outputs = {
-                name: self._output((caps[1],) if name == "cu_seqlens" else (caps[0], cols), dtype)
-                for name, dtype in OUTPUTS[mode]}
+            if fresh:
+                slot.outputs = {}
+            caps = (grow(max(rows, 1)) if more_rows else slot.out_caps[0],
+                    grow(max(extra, 1)) if more_extra else slot.out_caps[1])
+            for name, dtype in OUTPUTS[mode]:
+                flat = name == "cu_seqlens"
+                if more_extra if flat else more_rows:
+                    slot.outputs[name] = self._output((caps[1],) if flat else (caps[0], cols),
+                                                      dtype)
             slot.out_key, slot.out_caps = key, caps
             slot.generation += 1
         return slot.outputs

@@ -346,6 +346,7 @@ class _Producer:
 
     def __init__(self, plan: Plan, chunks: ChunkDecoder, ring: Ring) -> None:
         self.plan, self.chunks, self.ring = plan, chunks, ring
+        self._size = 1  # batches in the next chunk
 
     def run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
         """Put ``("chunk", epoch, Chunk)`` and, at each epoch's end, ``(_EPOCH_END, next
@@ -360,6 +361,9 @@ class _Producer:
                     continue
             return False
 
+        # the first chunks after a start are small (1, 2, 4, ... batches): the first batch
+        # comes after one batch's decode, not a whole chunk's
+        self._size = 1
         try:
             while not stop.is_set():
                 tail = self._epoch(state, put, stop)
@@ -385,7 +389,8 @@ class _Producer:
             slot = self.ring.acquire(stop)
             if slot is None:
                 return None
-            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto)
+            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, self._size)
+            self._size = min(2 * self._size, self.chunks.chunk_batches)
             layout = chunk.layout
             for batch in layout.batches:
                 plan.by_source(share, batch.counted)
