@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ndp import packing
+from ndp.packing import plan as place, segments
 from ndp.format import DropReason
 from ndp.kernels.verdict import status_of, tokens_of
 
@@ -182,14 +182,14 @@ def packing_layout(verdicts: np.ndarray, candidates: Callable[[int], int], *, ba
         q = min(q, n)
         valid = np.flatnonzero(verdicts[at:q] >= 0)
         lengths = np.minimum(tokens[at:q][valid], L)
-        where_row, where_col, placed = packing.plan(lengths, rows=B, row_len=L)
+        where_row, where_col, placed = place(lengths, rows=B, row_len=L)
         taken = int(valid[placed]) if placed < valid.shape[0] else q - at
         b = len(batches)
         doc_packet.append(at + valid[:placed])
         doc_row.append(b * B + where_row)
         doc_col.append(where_col)
         doc_len.append(lengths[:placed])
-        cu = packing.segments(lengths[:placed], where_row, rows=B, row_len=L)
+        cu = segments(lengths[:placed], where_row, rows=B, row_len=L)
         cu_parts.append(cu)
         counted = count(verdicts[at: at + taken])
         counted["tokens"] = int(lengths[:placed].sum())

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ndp import packing
+from ndp.packing import plan as place
 from ndp.corpus import Corpus
 from ndp.errors import ConfigError
 from ndp.order import drop_mask, epoch_order, mix, rank_share
@@ -104,7 +104,7 @@ class Plan:
         cap = 8 * B
         while True:
             window = self.corpus.tokens[share[at: at + cap]]
-            _, _, fits = packing.plan(window, rows=B, row_len=L)
+            _, _, fits = place(window, rows=B, row_len=L)
             if fits < window.shape[0] or at + cap >= share.shape[0]:
                 q = self._memo[at] = at + max(fits, 1)
                 if len(self._memo) > 4096:  # positions behind the producer are not asked again
