@@ -1,12 +1,16 @@
-"""GPU decode against CPU decode, in tokens/s delivered as ready torch tensors on the GPU.
+"""GPU decode calls against CPU decode, in tokens/s delivered as ready torch tensors on the GPU.
+
+This measures the batch-by-batch decoder API (``ndp.Decoder``), whose every call pays one host
+wait; ``bench_gpu_loader.py`` measures the Loader, which decodes chunks of many batches per
+call and is what a training loop uses.
 
     python benchmarks/bench_gpu.py            # on a machine with a CUDA GPU (a few minutes)
     python benchmarks/bench_gpu.py --quick    # smaller shard
 
 In one run, on one synthetic shard of full-length packets (CRC on, so every token is validated):
 
-* ``gpu_host``: GPU decode from host memory: each chunk's packets are gathered into pinned
-  memory, copied to the device on ndp's copy stream, validated and built there;
+* ``gpu_host``: GPU decode from host memory: each call's packets are gathered into pinned
+  memory, copied to the device, validated and built there;
 * ``gpu_resident``: GPU decode of a shard copied to the device once;
 * ``cpu_copy``: the baseline, CPU decode (every core) then a copy of the int64 tensors to the GPU.
 

@@ -79,7 +79,7 @@ class CudaEngine(CpuEngine):
         """Queue a copy of pinned ``src`` into device array ``dst``."""
         if src.shape[0] == 0:
             return
-        dst.copy_to_device(src, stream=stream or self.compute_stream)
+        dst.copy_to_device(src, stream=self.compute_stream if stream is None else stream)
         self.counters.h2d_copies += 1
         self.counters.h2d_bytes += int(src.nbytes)
 
