@@ -26,6 +26,7 @@ from ndp.format import (
     INDEX_MAGIC,
     INDEX_SUFFIX,
     INDEX_VERSION,
+    SYNC,
     TYP_SKIP_TABLE,
     DropReason,
 )
@@ -192,12 +193,74 @@ def check_index(index: Index, shard: Shard, *, index_path: Path | None = None,
             f"{where}: shard crc32 0x{index.shard_crc32:08x} recorded, 0x{crc:08x} found: "
             f"{shard.path} changed since it was indexed (stale index). {hint}"
         )
-    if len(index):
+    check_structure(index, shard, where=where)
+
+
+def check_structure(index: Index, shard: Shard, *, where: Path | str | None = None) -> None:
+    """Raise ``IndexMismatchError`` unless ``index`` is what a framing scan of ``shard`` would
+    write, as far as can be told without reading the packets' payloads (so in time linear in
+    the index, not in the shard):
+
+    * every entry lies inside the file, after the shard header, offsets strictly increasing
+      and no packet overlapping the next (a repeated offset would deliver a packet twice);
+    * every entry's LEN, SRC, DST and TYP are the packet's own header bytes (a flipped length
+      would misplace packed windows; an offset off by a byte lands elsewhere);
+    * the gaps between entries hold no packet a scan would find (they are the corrupt regions
+      a scan records; an index listing a subset of the packets, or none, leaves packets there).
+
+    Payloads (CRC) are not read: the decoders check every packet they decode."""
+    where = where or shard.index_path
+    hint = f"Rebuild it with 'ndp index {shard.path}'."
+    data, size, start = shard.data, shard.size, shard.header.data_offset
+    n = len(index)
+    if n:
         # unsigned, offsets first: a hostile offset near 2**63 or 2**64 must not wrap the sum
         offsets = index.entries["offset"].astype(np.uint64)
-        ends = offsets + np.uint64(FRAME_BYTES) + index.entries["length"].astype(np.uint64)
-        if int(offsets.max()) > shard.size or int(ends.max()) > shard.size:
+        lengths = index.entries["length"].astype(np.uint64)
+        ends = offsets + np.uint64(FRAME_BYTES) + lengths
+        if int(offsets.max()) > size or int(ends.max()) > size:
             raise IndexMismatchError(f"{where}: entries point past the end of the shard. {hint}")
+        if int(offsets[0]) < start:
+            raise IndexMismatchError(f"{where}: an entry points into the shard header. {hint}")
+        if n > 1 and (offsets[1:] < ends[:-1]).any():
+            bad = int(np.flatnonzero(offsets[1:] < ends[:-1])[0])
+            raise IndexMismatchError(
+                f"{where}: entry {bad + 1} (byte {int(offsets[bad + 1])}) repeats or overlaps "
+                f"the packet before it; offsets must increase packet by packet. {hint}")
+        at = offsets.astype(np.int64)
+        header = {"length": (data[at + 4].astype(np.uint16) << 8) | data[at + 5],
+                  "src": data[at + 1], "dst": data[at + 2], "typ": data[at + 3]}
+        wrong = data[at] != np.uint8(SYNC)
+        for name, found in header.items():
+            wrong |= index.entries[name] != found
+        if wrong.any():
+            bad = int(np.flatnonzero(wrong)[0])
+            raise IndexMismatchError(
+                f"{where}: entry {bad} (byte {int(at[bad])}) disagrees with the packet header "
+                f"there ({int(wrong.sum())} entries do). {hint}")
+        gap_starts = np.concatenate([[start], ends.astype(np.int64)])
+        gap_ends = np.concatenate([at, [size]])
+    else:
+        gap_starts, gap_ends = np.array([start]), np.array([size])
+    for a, b in zip(gap_starts[gap_ends > gap_starts].tolist(),
+                    gap_ends[gap_ends > gap_starts].tolist()):
+        found = _first_packet(data[:b], a)
+        if found >= 0:
+            raise IndexMismatchError(
+                f"{where}: the index leaves out the packet at byte {found} (between bytes {a} "
+                f"and {b}, where it lists none). {hint}")
+
+
+def _first_packet(data: np.ndarray, pos: int) -> int:
+    """Offset of the first packet a framing scan of ``data`` from ``pos`` finds, or -1."""
+    offs, bad_off, bad_len = (np.empty(16, np.int64) for _ in range(3))
+    bad_reason = np.empty(16, np.uint8)
+    while pos < data.shape[0]:
+        n_ok, _, pos = scan_frames(data, pos, CRC16_TABLES, _KNOWN_TYP, offs, bad_off, bad_len,
+                                   bad_reason)
+        if n_ok:
+            return int(offs[0])
+    return -1
 
 
 def load_index(shard: Shard, *, on_stale: str = "rebuild", verify: str = "full") -> Index:

@@ -98,13 +98,15 @@ def inspect_shard(path: str | Path, *, require_index: bool = False) -> ShardRepo
             report.dropped[DropReason(code).name] = int(bad.size)
             if code in (DropReason.BAD_LENGTH, DropReason.UNKNOWN_TYPE):
                 report.problems += [f"byte {o}: packet {DropReason(code).name}" for o in bad[:100]]
-    report.index = _index_state(shard, offsets)
+    report.index = _index_state(shard, entries)
     if report.index != "ok" and (report.index != "missing" or require_index):
         report.problems.append(f"index: {report.index}")
     return report
 
 
-def _index_state(shard: Shard, scanned_offsets: np.ndarray) -> str:
+def _index_state(shard: Shard, scanned: np.ndarray) -> str:
+    """"ok", "missing" or "stale: <why>": the sidecar against a framing scan's entries, field by
+    field (offset, LEN, SRC, DST, TYP), after the checks every reader makes."""
     try:
         index = read_index(shard.index_path)
         check_index(index, shard)
@@ -112,7 +114,9 @@ def _index_state(shard: Shard, scanned_offsets: np.ndarray) -> str:
         return "missing"
     except IndexMismatchError as err:
         return f"stale: {err}"
-    if not np.array_equal(index.offsets, scanned_offsets):
-        return "stale: its packet offsets differ from a framing scan of the shard"
+    fields = ["offset", "length", "src", "dst", "typ"]
+    if len(index) != scanned.shape[0] or any(
+            not np.array_equal(index.entries[f], scanned[f]) for f in fields):
+        return "stale: its entries differ from a framing scan of the shard"
     return "ok"
 

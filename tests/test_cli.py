@@ -126,3 +126,18 @@ def test_the_command_line_shows_ndp_logs_without_turning_on_other_libraries_logs
     assert logging.getLogger("ndp").getEffectiveLevel() == logging.INFO
     if root_level > logging.INFO:
         assert not logging.getLogger("numba.cuda.cudadrv.driver").isEnabledFor(logging.INFO)
+
+
+def test_verify_fails_an_index_with_a_flipped_length(converted, tmp_path, capsys):
+    """The index's size and crc32 still match the shard; its entry does not match the packet."""
+    from ndp.index import read_index, write_index
+
+    out = copy_out(converted, tmp_path)
+    idx = next(out.glob("*.idx"))
+    index = read_index(idx)
+    entries = index.entries.copy()
+    entries["length"][2] ^= 0x0002
+    write_index(idx, entries, index.shard_size, index.shard_crc32, index.data_offset)
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 1
+    assert "disagrees with the packet header" in capsys.readouterr().out

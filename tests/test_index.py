@@ -594,3 +594,77 @@ def test_load_index_rescans_when_the_index_is_from_a_newer_version(tmp_path):
     with pytest.warns(UserWarning, match="version 9"):
         again = load_index(Shard(path))
     assert again.offsets.tolist() == index.offsets.tolist() == [0, 20]
+
+
+# --- an index is a claim, checked when it is loaded (size-only match included) --------------------
+def _lie(case: str, entries: np.ndarray, stream) -> np.ndarray:
+    """``entries`` of a sound index, made to lie in one way (the file size and crc32 stay)."""
+    e = entries.copy()
+    if case == "length_bit":
+        e["length"][3] ^= 0x0004
+    elif case == "repeated_offset":
+        e = np.concatenate([e[:2], np.repeat(e[2:3], 5), e[2:]])
+    elif case == "subset":
+        e = e[[0, 1, 3]]
+    elif case == "empty":
+        e = e[:0]
+    elif case == "offset_off_by_one":
+        e["offset"][2] += 1
+    elif case == "typ":
+        e["typ"][1] = int(Typ.TOKEN_IDS) if e["typ"][1] != Typ.TOKEN_IDS else int(Typ.FLOAT16)
+    elif case == "into_header":
+        e["offset"][0] = 4
+    elif case == "swapped":
+        e[[1, 2]] = e[[2, 1]]
+    else:
+        raise AssertionError(case)
+    return e
+
+
+LIES = ["length_bit", "repeated_offset", "subset", "empty", "offset_off_by_one", "typ",
+        "into_header", "swapped"]
+
+
+@pytest.mark.parametrize("verify", ["size", "full"])
+@pytest.mark.parametrize("case", LIES)
+def test_an_index_that_lies_is_refused_or_rebuilt_never_trusted(indexed, case, verify):
+    path, stream = indexed
+    shard = Shard(path)
+    index = read_index(shard.index_path)
+    write_index(shard.index_path, _lie(case, index.entries, stream), index.shard_size,
+                index.shard_crc32, index.data_offset)
+    with pytest.raises(IndexMismatchError, match=f"ndp index {path}"):
+        load_index(shard, on_stale="error", verify=verify)
+    with pytest.warns(UserWarning, match="scanning the shard"):
+        rebuilt = load_index(shard, verify=verify)
+    assert rebuilt.entries.tobytes() == index.entries.tobytes()  # what a scan says, exactly
+
+
+def test_a_sound_index_of_a_damaged_shard_is_accepted_as_it_is(tmp_path):
+    """Gaps between entries are fine where they are the corrupt regions a scan records."""
+    packets = [s.encode() for s in ramp_specs([4, 9, 3, 6, 5])]
+    garbage = bytes(range(1, 40))  # no sync byte, no packet
+    stream = build_gappy_stream(packets, [b"", garbage, b"", garbage, b"", garbage], header=True)
+    path = tmp_path / "g.ndp"
+    path.write_bytes(stream.data)
+    index, result = build_index(Shard(path))
+    assert len(result.corrupt) == 3 and index.offsets.tolist() == stream.offsets
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_index(Shard(path), on_stale="error").entries.tobytes() == \
+            index.entries.tobytes()
+
+
+def test_a_stale_index_beside_a_rewritten_shard_of_the_same_size_is_refused(tmp_path):
+    """The size-only match lets such an index through to the structure check, which sees that
+    its packets are not where it says."""
+    first = [s.encode() for s in ramp_specs([6, 6, 6, 6])]
+    (info,) = write_shards(tmp_path, first)
+    idx = info.path.with_name(info.path.name + ".idx").read_bytes()
+    second = [s.encode() for s in ramp_specs([2, 10, 6, 6], stride=7)]  # same total size
+    assert sum(map(len, second)) == sum(map(len, first))
+    info.path.unlink()
+    write_shards(tmp_path, second)
+    info.path.with_name(info.path.name + ".idx").write_bytes(idx)
+    with pytest.raises(IndexMismatchError, match="disagrees|leaves out|overlaps"):
+        load_index(Shard(info.path), on_stale="error", verify="size")

@@ -457,3 +457,31 @@ def test_mixing_skips_a_source_with_nothing_in_this_share():
     merged, unused = mix([np.arange(5), np.zeros(0, np.int64)], np.array([1.0, 1.0]), seed=0,
                          epoch=0, rank=0)
     assert merged.tolist() == [0, 1, 2, 3, 4] and unused.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed", "packing"])
+def test_a_lying_index_changes_no_batch(tmp_path, mode):
+    """One length bit flipped in an index (its size and crc32 still match): it is rebuilt with
+    a warning, and every batch is the one the intact dataset gives (it once made packed mode
+    deliver 16 tokens twice and 8 never)."""
+    import shutil
+
+    from ndp.index import read_index, write_index
+
+    specs = ramp_specs(LENGTHS, masked=[k % 5 == 2 for k in range(41)])
+    packets = [s.encode() for s in specs]
+    intact = tmp_path / "intact"
+    for i, part in enumerate((packets[:12], packets[12:29], packets[29:])):
+        write_shards(intact, part, prefix=f"p{i}")
+    lying = tmp_path / "lying"
+    shutil.copytree(intact, lying)
+    idx = sorted(lying.glob("*.idx"))[1]
+    index = read_index(idx)
+    entries = index.entries.copy()
+    entries["length"][4] ^= 0x0004
+    write_index(idx, entries, index.shard_size, index.shard_crc32, index.data_offset)
+    kw = dict(mode=mode, seed=3, batch_size=3, seq_len=7)
+    want = _run(make(intact, **kw), 25)
+    with pytest.warns(UserWarning, match="disagrees with the packet header"):
+        loader = make(lying, **kw)
+    assert_same(_run(loader, 25), want)
