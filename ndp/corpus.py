@@ -7,6 +7,7 @@ written in these numbers, so they do not depend on which backend decodes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -100,6 +101,14 @@ class Corpus:
         self.tokens = np.concatenate([tokens_of(e["length"], e["typ"]) for e in entries])
         #: group number of each global packet (``groups[g]`` names it)
         self.group = np.repeat(np.asarray(shard_group, np.int64), sizes)
+        #: what a resume state must have been made on: the shards' names, sizes, crc32s (as
+        #: their indexes record them) and packet counts, hashed
+        digest = hashlib.sha256()
+        for group, path, shard, index in zip(shard_group, self.paths, self.shards,
+                                             self.indexes):
+            digest.update(f"{self.groups[group]}/{path.name}:{shard.size}:"
+                          f"{index.shard_crc32}:{len(index)};".encode())
+        self.fingerprint = digest.hexdigest()[:16]
 
     def __len__(self) -> int:
         return self.n_packets

@@ -45,6 +45,16 @@ class ConfigError(NDPError, ValueError):
     """An option has a value that cannot work; the message names the allowed range."""
 
 
+class LoaderStateError(ConfigError):
+    """A resume state (``Loader.load_state_dict``) does not belong to this loader: another
+    dataset or configuration, or positions outside the epoch it names."""
+
+
+class LoaderUsageError(NDPError, RuntimeError):
+    """A ``Loader`` used in a way it cannot serve: iterated by two loops at once, or used after
+    ``close()``."""
+
+
 class TokenFileError(NDPError):
     """A token file (llm.c, llm.q or raw uint16) is malformed or not what its format says.
 

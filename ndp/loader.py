@@ -55,6 +55,7 @@ What the decoder did is counted in ``loader.counters`` (``ndp.counters``).
 
 from __future__ import annotations
 
+import numbers
 import os
 import queue
 import threading
@@ -66,15 +67,16 @@ from ndp.backend import resolve_backend
 from ndp.chunks import ChunkDecoder
 from ndp.corpus import Corpus
 from ndp.engine import CpuEngine
-from ndp.errors import ConfigError
+from ndp.errors import ConfigError, LoaderUsageError
 from ndp.order import drop_mask, rank_and_world
 from ndp.plan import Plan
 from ndp.progress import progress_bar
 from ndp.serve import Ring
+from ndp.state import check_state
 from ndp.stats import LoaderStats
 
 MODES = ("padded", "packed", "packing")
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: with the dataset's fingerprint
 #: tokens per chunk by default: a GPU amortises its per-call cost over 64 batches of 64 x 1,024
 #: (256 MB of int64 outputs per padded chunk, a ring of them on the device); on the CPU the
 #: hand-off to ndp's threads is what is amortised, and smaller chunks keep host memory small
@@ -121,12 +123,16 @@ class Loader:
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-        if batch_size < 1 or seq_len < 1:
-            raise ConfigError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
-        if prefetch < 0:
-            raise ConfigError(f"prefetch must be >= 0, got {prefetch}")
-        if chunk_batches is not None and chunk_batches < 1:
-            raise ConfigError(f"chunk_batches must be >= 1, got {chunk_batches}")
+        for name, value, least in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1),
+                                   ("prefetch", prefetch, 0), ("seed", seed, 0),
+                                   ("pad_token_id", pad_token_id, None),
+                                   ("chunk_batches", chunk_batches, 1)):
+            if value is None and name == "chunk_batches":
+                continue
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise ConfigError(f"{name} must be an integer, got {value!r}")
+            if least is not None and value < least:
+                raise ConfigError(f"{name} must be >= {least}, got {value}")
         if output not in ("torch", "arrays"):
             raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
         drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
@@ -170,6 +176,8 @@ class Loader:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._queue: queue.Queue | None = None
+        self._lock = threading.Lock()
+        self._active: object | None = None  # the loop iterating, one at a time
 
     # ----------------------------------------------------------------------- state / resume
     def state_dict(self) -> dict:
@@ -179,23 +187,18 @@ class Loader:
                 "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
                 "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
-                "mix": self.plan.mix_spec, **self._state}
+                "mix": self.plan.mix_spec, "fingerprint": self.corpus.fingerprint,
+                **self._state}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (from ``state_dict``); ``ConfigError`` if it was made for
-        another configuration or corpus, since its positions would mean other packets."""
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"loader state version {state.get('version')} is not "
-                              f"{STATE_VERSION}")
-        mine = self.state_dict()
-        for key in ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
-                    "crc_drop_rate", "n_packets", "mix"):
-            if state.get(key) != mine[key]:
-                raise ConfigError(f"loader state has {key}={state.get(key)!r}, this loader "
-                                  f"{mine[key]!r}; resume with the same settings and shards")
+        """Continue from ``state`` (from ``state_dict``). ``LoaderStateError`` (a
+        ``ConfigError``) if it was made for another dataset (its fingerprint) or configuration,
+        since its positions would mean other packets, or if its positions lie outside the epoch
+        it names; the message says which field and why."""
+        checked = check_state(state, self.state_dict(), self.plan)
+        self._active = None
         self._stop_producer()
-        self._state = {"epoch": int(state["epoch"]), "pos": int(state["pos"]),
-                       "tok": int(state["tok"])}
+        self._state = checked
 
     @property
     def epoch(self) -> int:
@@ -207,14 +210,26 @@ class Loader:
 
         The producer thread outlives the epoch (it is already decoding the next one); leaving
         the loop early, ``close()``, ``load_state_dict`` or dropping the loader stops it."""
-        if self._thread is None:
-            self._start_producer()
+        token = object()
+        with self._lock:
+            if self._active is not None:
+                raise LoaderUsageError(
+                    "this Loader is already being iterated by another loop (in this thread or "
+                    "another); iterate it from one loop at a time, or give each consumer its "
+                    "own Loader")
+            self._active = token
+            if self._thread is None:
+                self._start_producer()
         bar = progress_bar(total=None, desc=f"ndp epoch {self.epoch}", enabled=self.progress,
                            unit="batch")
         finished = False
         try:
             with bar:
                 while True:
+                    if self._active is not token:
+                        raise LoaderUsageError(
+                            "this loop's Loader was closed (close() or load_state_dict()); "
+                            "start a new loop to go on from where it stopped")
                     t = time.perf_counter()
                     item = self._get()
                     self.stats.wait_seconds += time.perf_counter() - t
@@ -231,8 +246,10 @@ class Loader:
                         bar.update(1)
                         yield batch
         finally:
-            if not finished:  # left early (break, exception, garbage collection)
-                self._stop_producer()
+            if self._active is token:
+                self._active = None
+                if not finished:  # left early (break, exception, garbage collection)
+                    self._stop_producer()
 
     def _get(self) -> Any:
         while True:
@@ -249,7 +266,9 @@ class Loader:
             return item
 
     def close(self) -> None:
-        """Stop the producer thread (idempotent)."""
+        """Stop the producer thread (idempotent); a loop still running over this loader raises
+        ``LoaderUsageError`` at its next batch. A new loop starts the thread again."""
+        self._active = None
         self._stop_producer()
 
     def __enter__(self) -> Loader:

@@ -485,3 +485,50 @@ def test_a_lying_index_changes_no_batch(tmp_path, mode):
     with pytest.warns(UserWarning, match="disagrees with the packet header"):
         loader = make(lying, **kw)
     assert_same(_run(loader, 25), want)
+
+
+# --- misuse: named errors at the call that is wrong --------------------------------------------
+def test_one_loop_at_a_time(corpus_dir):
+    from ndp.errors import LoaderUsageError
+
+    loader = make(corpus_dir)
+    it = iter(loader)
+    first = next(it)
+    with pytest.raises(LoaderUsageError, match="one loop at a time"):
+        next(iter(loader))  # a second loop in this thread
+    caught = []
+
+    def other_thread():
+        try:
+            next(iter(loader))
+        except LoaderUsageError as err:
+            caught.append(err)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert len(caught) == 1
+    second = next(it)  # the first loop goes on, undisturbed
+    assert packets_of([{"input_ids": first["input_ids"]}, {"input_ids": second["input_ids"]}])
+    loader.close()
+
+
+def test_a_loop_over_a_closed_loader_says_so_and_a_new_loop_goes_on(corpus_dir):
+    from ndp.errors import LoaderUsageError
+
+    loader = make(corpus_dir, shuffle=False)
+    it = iter(loader)
+    got = [{k: v.copy() for k, v in next(it).items()}]
+    loader.close()
+    with pytest.raises(LoaderUsageError, match="closed"):
+        next(it)
+    got += take(loader)  # a new loop: from where the first one stopped
+    assert packets_of(got) == list(range(41))
+
+
+@pytest.mark.parametrize("name,value", [("batch_size", 2.5), ("seq_len", "8"),
+                                        ("prefetch", -1), ("chunk_batches", 0),
+                                        ("seed", -3), ("batch_size", True)])
+def test_bad_option_types_are_refused_at_construction(corpus_dir, name, value):
+    with pytest.raises(ConfigError, match=name):
+        make(corpus_dir, **{name: value})

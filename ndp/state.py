@@ -1,0 +1,69 @@
+"""Resume states checked field by field before a ``Loader`` trusts them.
+
+A state is the epoch and a (packet, token) position in this rank's order of that epoch, plus
+the dataset fingerprint and settings it is only valid for (``Loader.state_dict``). A state from
+another dataset or configuration, or with positions outside its epoch, would make the loader
+deliver other batches than the run it came from (or none, or loop on empty ones), so it is
+refused with a ``LoaderStateError`` that names the field.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from typing import Any
+
+from ndp.errors import LoaderStateError
+from ndp.plan import Plan
+
+#: the settings a state must have been made with, besides the dataset
+SETTINGS = ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
+            "crc_drop_rate", "n_packets", "mix")
+
+
+def _int(state: dict, key: str) -> int:
+    value = state.get(key)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise LoaderStateError(f"loader state field {key!r} is {value!r}; expected an integer "
+                               f"(the state is damaged or not a Loader's)")
+    return int(value)
+
+
+def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
+    """The (epoch, pos, tok) of ``state`` if it belongs to the loader whose own state is
+    ``mine``; ``LoaderStateError`` otherwise."""
+    if not isinstance(state, dict):
+        raise LoaderStateError(f"a loader state is a dict (from Loader.state_dict()), got "
+                               f"{type(state).__name__}")
+    version = state.get("version")
+    if version == 1:  # written before states carried the dataset's fingerprint
+        warnings.warn("loader state version 1 has no dataset fingerprint: it is checked against "
+                      "the settings and packet count only", stacklevel=3)
+    elif version != mine["version"]:
+        raise LoaderStateError(f"loader state version {version!r} is not {mine['version']} "
+                               f"(nor 1): it was not written by this ndp's Loader.state_dict()")
+    elif state.get("fingerprint") != mine["fingerprint"]:
+        raise LoaderStateError(
+            f"loader state was made on dataset {state.get('fingerprint')!r}, this loader reads "
+            f"{mine['fingerprint']!r} (other shards, sizes or contents): its positions would "
+            f"mean other packets; resume on the dataset it was made on")
+    for key in SETTINGS:
+        if state.get(key) != mine[key]:
+            raise LoaderStateError(f"loader state has {key}={state.get(key)!r}, this loader "
+                                   f"{mine[key]!r}; resume with the same settings and shards")
+    epoch, pos, tok = _int(state, "epoch"), _int(state, "pos"), _int(state, "tok")
+    if epoch < 0:
+        raise LoaderStateError(f"loader state epoch {epoch} is negative")
+    share, _, _ = plan.share(epoch)
+    n = share.shape[0]
+    if not 0 <= pos <= n:
+        raise LoaderStateError(f"loader state position {pos} is outside epoch {epoch}, whose "
+                               f"share holds {n} packets on this rank")
+    if tok < 0 or (tok and plan.mode != "packed"):
+        raise LoaderStateError(f"loader state token offset {tok} is impossible in "
+                               f"{plan.mode} mode (0 outside packed mode, never negative)")
+    if tok and (pos >= n or tok >= int(plan.corpus.tokens[share[pos]])):
+        raise LoaderStateError(
+            f"loader state token offset {tok} lies past the end of packet {pos} of epoch "
+            f"{epoch} (a state points inside the packet the next window starts in)")
+    return {"epoch": epoch, "pos": pos, "tok": tok}

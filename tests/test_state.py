@@ -1,0 +1,102 @@
+"""Resume states are checked field by field (ndp.state): a damaged state, one from another
+dataset or configuration, or positions outside its epoch are refused with a LoaderStateError
+that names the field; a sound one resumes exactly (tests/test_loader.py, tests/test_chunks.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from ndp.errors import ConfigError, LoaderStateError
+from ndp.loader import Loader
+
+from ndp_test_helpers import ramp_specs, write_shards
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    d = tmp_path_factory.mktemp("state")
+    packets = [s.encode() for s in ramp_specs([5 + k % 7 for k in range(30)])]
+    write_shards(d, packets[:14], prefix="a")
+    write_shards(d, packets[14:], prefix="b")
+    return d
+
+
+def make(path, **kw) -> Loader:
+    kw.setdefault("batch_size", 3)
+    kw.setdefault("seq_len", 4)
+    return Loader(path, backend="cpu", output="arrays", seed=2, **kw)
+
+
+def midway(path, mode="packed") -> dict:
+    loader = make(path, mode=mode)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    return state
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("pos", -5, "outside epoch"),
+    ("pos", 10**9, "outside epoch"),
+    ("tok", -1, "token offset"),
+    ("tok", 10**6, "past the end of packet"),
+    ("epoch", -1, "negative"),
+    ("epoch", "1", "integer"),
+    ("pos", 2.5, "integer"),
+    ("pos", True, "integer"),
+    ("fingerprint", "0123456789abcdef", "made on dataset"),
+    ("version", 7, "version"),
+    ("seq_len", 5, "seq_len"),
+])
+def test_a_wrong_field_is_refused_and_named(dataset, field, value, match):
+    state = midway(dataset)
+    state[field] = value
+    loader = make(dataset, mode="packed")
+    with pytest.raises(LoaderStateError, match=match):
+        loader.load_state_dict(state)
+    assert isinstance(LoaderStateError("x"), ConfigError)
+    assert loader.state_dict()["pos"] == 0  # nothing was taken from the refused state
+
+
+def test_a_token_offset_outside_packed_mode_is_refused(dataset):
+    state = midway(dataset, mode="padded")
+    state["tok"] = 3
+    with pytest.raises(LoaderStateError, match="padded mode"):
+        make(dataset, mode="padded").load_state_dict(state)
+
+
+def test_a_state_from_another_dataset_with_as_many_packets_is_refused(dataset, tmp_path):
+    other = tmp_path / "other"
+    packets = [s.encode() for s in ramp_specs([5 + k % 5 for k in range(30)], stride=77)]
+    write_shards(other, packets[:14], prefix="a")
+    write_shards(other, packets[14:], prefix="b")
+    state = midway(dataset)
+    assert make(other).corpus.n_packets == state["n_packets"]
+    with pytest.raises(LoaderStateError, match="made on dataset"):
+        make(other, mode="packed").load_state_dict(state)
+
+
+def test_the_same_dataset_elsewhere_resumes(dataset, tmp_path):
+    moved = tmp_path / "moved"
+    shutil.copytree(dataset, moved)
+    state = midway(dataset)
+    loader = make(moved, mode="packed")
+    loader.load_state_dict(state)
+    assert loader.state_dict()["pos"] == state["pos"] and next(iter(loader))
+
+
+def test_a_version_1_state_is_accepted_with_a_warning(dataset):
+    state = midway(dataset)
+    state["version"] = 1
+    del state["fingerprint"]
+    loader = make(dataset, mode="packed")
+    with pytest.warns(UserWarning, match="no dataset fingerprint"):
+        loader.load_state_dict(state)
+    assert loader.state_dict()["tok"] == state["tok"]
+    with pytest.raises(LoaderStateError, match="dict"):
+        loader.load_state_dict([state])
