@@ -14,12 +14,15 @@ module does not import torch); DataLoader's default collate turns them into tens
 dataset pickles without its memory-mapped shards, which each worker reopens on first use.
 
 Items are decoded by a serial kernel built from the same helpers as ``decode_padded`` (so the
-rows are the same, bit for bit): a single packet gains nothing from the thread pool, and Numba's
-default GNU OpenMP pool kills a fork-started DataLoader worker that enters it.
+rows are the same, bit for bit): a single packet gains nothing from ndp's thread pool.
+
+``set_epoch`` writes the epoch into shared memory, so workers of
+``DataLoader(persistent_workers=True)``, started before it, draw the new epoch's CRC-Drop too.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,17 +104,34 @@ class NDPDataset:
         self._corrupt = {DropReason(c).name: int(n) for c, n in enumerate(counts)
                          if c != DropReason.OK and n}
         self._regions = (len(corpus.corruption), sum(c.length for _, c in corpus.corruption))
-        self.set_epoch(epoch)
+        self._shared_epoch = multiprocessing.RawValue("q", int(epoch))
+        self._drawn_epoch: int | None = None
+        self._follow_epoch()
         if len(self):
             self[0]  # compile the item kernel here, before any DataLoader worker is forked
 
     def set_epoch(self, epoch: int) -> None:
-        """Redraw CRC-Drop for ``epoch`` (the kept packets, and so ``len``, change with it)."""
-        self.epoch = int(epoch)
-        drop = drop_mask(self._n_packets, seed=self.seed, epoch=self.epoch,
-                         rate=self.crc_drop_rate)
+        """Redraw CRC-Drop for ``epoch`` (the kept packets, and so ``len``, change with it).
+
+        The epoch lives in shared memory, so DataLoader workers started before the call
+        (``persistent_workers=True``) follow it too: a worker redraws on its first item of the
+        new epoch. Call it between epochs, not while a DataLoader iterates."""
+        self._shared_epoch.value = int(epoch)
+        self._follow_epoch()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._shared_epoch.value)
+
+    def _follow_epoch(self) -> None:
+        """Redraw CRC-Drop if the shared epoch moved since the last draw (a no-op otherwise)."""
+        epoch = self.epoch
+        if epoch == self._drawn_epoch:
+            return
+        drop = drop_mask(self._n_packets, seed=self.seed, epoch=epoch, rate=self.crc_drop_rate)
         self._dropped = int(np.count_nonzero(self._valid & drop))
         self.kept = np.flatnonzero(self._valid & ~drop).astype(np.int64)
+        self._drawn_epoch = epoch
 
     @property
     def corpus(self) -> Corpus:
@@ -130,6 +150,7 @@ class NDPDataset:
         """Packet counts: ``packets`` (in the corpus), ``valid``, ``corrupt`` (DropReason name ->
         count), ``dropped_on_purpose`` (CRC-Drop, this epoch), ``kept``, and the damage a
         rescan of a stale index skipped (``corrupt_regions``, ``corrupt_bytes``)."""
+        self._follow_epoch()
         return {
             "packets": self._n_packets,
             "valid": int(np.count_nonzero(self._valid)),
@@ -141,6 +162,7 @@ class NDPDataset:
         }
 
     def __len__(self) -> int:
+        self._follow_epoch()
         return int(self.kept.shape[0])
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
@@ -163,14 +185,25 @@ class NDPDataset:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_corpus"] = None  # memmaps would pickle as full copies of the shards
+        if not _spawning():  # outside a worker's start shared memory cannot travel: a number
+            state["_shared_epoch"] = self.epoch
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if isinstance(state["_shared_epoch"], int):
+            state["_shared_epoch"] = multiprocessing.RawValue("q", state["_shared_epoch"])
         self.__dict__.update(state)
 
     def __repr__(self) -> str:
         return (f"NDPDataset({len(self._paths)} shards, {len(self)} of {self._n_packets} "
                 f"packets, max_seq_length={self.max_seq_length})")
+
+
+def _spawning() -> bool:
+    """Whether this pickling starts a worker process (shared memory may travel then only)."""
+    from multiprocessing.context import get_spawning_popen
+
+    return get_spawning_popen() is not None
 
 
 #: the original tool's name

@@ -241,6 +241,32 @@ def test_crc_drop(drop_dir):
     assert plain.stats["dropped_on_purpose"] == 0 and len(plain) == plain.stats["valid"]
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_follow_set_epoch(drop_dir, context):
+    """DataLoader workers that outlive an epoch (persistent_workers=True) deliver the new
+    epoch's CRC-Drop draw after set_epoch (they once kept the first epoch's)."""
+    import torch
+
+    ds = NDPDataset(drop_dir, max_seq_length=4, crc_drop_rate=0.25, seed=3)
+    loader = torch.utils.data.DataLoader(ds, batch_size=50, shuffle=False, num_workers=2,
+                                         persistent_workers=True,
+                                         multiprocessing_context=context)
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        first = torch.cat([b["input_ids"][:, 0] for b in loader]).numpy()
+        np.testing.assert_array_equal(first, ds.kept * 1000, err_msg=f"epoch {epoch}")
+    assert loader._iterator is not None  # the same workers served every epoch
+
+
+def test_a_pickled_copy_keeps_its_epoch_apart(drop_dir):
+    import pickle
+
+    ds = NDPDataset(drop_dir, max_seq_length=4, crc_drop_rate=0.25, seed=3, epoch=2)
+    copy = pickle.loads(pickle.dumps(ds))
+    ds.set_epoch(5)
+    assert copy.epoch == 2 and ds.epoch == 5  # outside a worker's start, no shared memory
+
+
 def test_pickle_is_small_and_reopens(tmp_path):
     specs = ramp_specs([900] * 60, masked=[k % 2 == 1 for k in range(60)])
     (info,) = write_shards(tmp_path, [s.encode() for s in specs])
