@@ -30,10 +30,21 @@ def _enum_arg(enum_type):
 
 
 def _shard_paths(paths: list[str]) -> list[Path]:
-    """Shards named directly, or every shard inside a directory."""
+    """Shards named directly, or every shard inside a directory; ``ConfigError`` for a path
+    that does not exist or a directory without shards."""
+    from ndp.errors import ConfigError
+
     out: list[Path] = []
     for p in map(Path, paths):
-        out.extend(sorted(p.glob(f"*{SHARD_SUFFIX}")) if p.is_dir() else [p])
+        if p.is_dir():
+            found = sorted(p.glob(f"*{SHARD_SUFFIX}"))
+            if not found:
+                raise ConfigError(f"{p}: no *{SHARD_SUFFIX} shards in this directory")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise ConfigError(f"{p}: no such shard or directory")
     return out
 
 
@@ -158,9 +169,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     failed = 0
     paths = _shard_paths(args.shards)
-    if not paths:
-        print("verify: no shards found", file=sys.stderr)
-        return 2
     for path in paths:
         report = inspect_shard(path, require_index=args.require_index)
         if report.ok:
@@ -283,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except NDPError as err:
         print(f"ndp {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a path that cannot be read or written: the user's to fix
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"ndp {args.command}: error: {where}{err.strerror or err} (check the path and "
+              f"its permissions)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -114,6 +114,8 @@ def _index_state(shard: Shard, scanned: np.ndarray) -> str:
         return "missing"
     except IndexMismatchError as err:
         return f"stale: {err}"
+    except OSError as err:
+        return f"unreadable: {shard.index_path}: {err.strerror or err}"
     fields = ["offset", "length", "src", "dst", "typ"]
     if len(index) != scanned.shape[0] or any(
             not np.array_equal(index.entries[f], scanned[f]) for f in fields):

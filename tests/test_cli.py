@@ -89,7 +89,7 @@ def test_errors_exit_2_with_a_message(converted, tmp_path, capsys):
     assert main(["convert", str(src), str(tmp_path / "o"), "--tokenizer",
                  str(tmp_path / "nope"), "--no-progress"]) == 2
     assert "never downloads" in capsys.readouterr().err
-    assert main(["verify", str(tmp_path / "empty-dir-does-not-exist")]) == 1
+    assert main(["verify", str(tmp_path / "empty-dir-does-not-exist")]) == 2
 
 
 def test_console_script_is_installed():
@@ -141,3 +141,35 @@ def test_verify_fails_an_index_with_a_flipped_length(converted, tmp_path, capsys
     capsys.readouterr()
     assert main(["verify", str(out)]) == 1
     assert "disagrees with the packet header" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["index", "{tmp}/nosuchdir"], "no such shard or directory"),
+    (["inspect", "{tmp}/nosuchdir"], "no such shard or directory"),
+    (["verify", "{tmp}/nosuchdir"], "no such shard or directory"),
+    (["index", "{tmp}"], "no *.ndp shards"),
+    (["export", "{out}", "-o", "{tmp}", "--overwrite"], "is a directory"),
+    (["export", "{out}", "-o", "{tmp}/a-file/train.bin"], "check the path"),
+])
+def test_a_users_mistake_is_one_error_line_exit_2_and_nothing_left_behind(
+        converted, tmp_path, capsys, argv, message):
+    (tmp_path / "a-file").write_text("not a directory")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    capsys.readouterr()
+    argv = [a.format(tmp=tmp_path, out=converted[0]) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no .tmp, nothing new
+
+
+def test_verify_fails_an_unreadable_index_and_goes_on(converted, tmp_path, capsys):
+    out = copy_out(converted, tmp_path)
+    idx = next(out.glob("*.idx"))
+    idx.unlink()
+    idx.mkdir()  # reading it fails with an OSError (as an unreadable file does for a user)
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "FAIL" in text and "index: unreadable" in text

@@ -122,11 +122,18 @@ class _LlmcWriter:
 
     def _finish(self) -> None:
         path = self.paths[len(self.done)]
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._file = None
-        os.replace(path.with_name(path.name + ".tmp"), path)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        finally:
+            self._file.close()
+            self._file = None
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # nothing half-written is left behind
+            raise
         self.done.append(path)
 
     def write(self, tokens: np.ndarray) -> None:
@@ -207,6 +214,9 @@ def export_llmc(
             raise ConfigError(f"token id {max_id} does not fit llm.c version 1 (uint16); "
                               "export as version 2")
         out = Path(output)
+        if out.is_dir():
+            raise ConfigError(f"{out} is a directory; the output is a file name (for example "
+                              f"{out / 'train.bin'})")
         out.parent.mkdir(parents=True, exist_ok=True)
         if shard_tokens is None:
             paths, counts = [out], [total]
