@@ -188,3 +188,22 @@ def scan_frames(data, pos, tables, known_typ, offsets, bad_off, bad_len, bad_rea
         n_bad += 1
         pos = q
     return n_ok, n_bad, pos
+
+
+@cpu_kernel
+def _headers_differ(data, offsets, lengths, src, dst, typ, out, lo, hi):  # pragma: no cover
+    for k in range(lo, hi):
+        off = np.int64(offsets[k])
+        length = (np.int64(data[off + 4]) << 8) | np.int64(data[off + 5])
+        out[k] = (data[off] != SYNC or data[off + 1] != src[k] or data[off + 2] != dst[k]
+                  or data[off + 3] != typ[k] or length != np.int64(lengths[k]))
+
+
+def headers_differ(data: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, src: np.ndarray,
+                   dst: np.ndarray, typ: np.ndarray, out: np.ndarray) -> None:
+    """``out[k]``: whether the header at ``offsets[k]`` (sync, SRC, DST, TYP, LEN) differs from
+    the claimed ``src[k]``, ``dst[k]``, ``typ[k]``, ``lengths[k]``. Every frame must lie inside
+    ``data`` (the caller checks). Reads 6 bytes per packet, on ndp's threads: touching each
+    packet's page is most of the cost, and page faults run in parallel."""
+    parallel_for(_headers_differ, offsets.shape[0], data, offsets, lengths, src, dst, typ, out,
+                 grain=1 << 16)

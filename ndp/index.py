@@ -26,11 +26,10 @@ from ndp.format import (
     INDEX_MAGIC,
     INDEX_SUFFIX,
     INDEX_VERSION,
-    SYNC,
     TYP_SKIP_TABLE,
     DropReason,
 )
-from ndp.kernels.crc16 import CRC16_TABLES, scan_frames
+from ndp.kernels.crc16 import CRC16_TABLES, headers_differ, scan_frames
 from ndp.shard import Shard
 
 # resync candidates must carry a TYP this format defines (token or value types)
@@ -228,11 +227,11 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
                 f"{where}: entry {bad + 1} (byte {int(offsets[bad + 1])}) repeats or overlaps "
                 f"the packet before it; offsets must increase packet by packet. {hint}")
         at = offsets.astype(np.int64)
-        header = {"length": (data[at + 4].astype(np.uint16) << 8) | data[at + 5],
-                  "src": data[at + 1], "dst": data[at + 2], "typ": data[at + 3]}
-        wrong = data[at] != np.uint8(SYNC)
-        for name, found in header.items():
-            wrong |= index.entries[name] != found
+        e = index.entries
+        wrong = np.empty(n, np.bool_)
+        headers_differ(data, at, np.ascontiguousarray(e["length"]),
+                       np.ascontiguousarray(e["src"]), np.ascontiguousarray(e["dst"]),
+                       np.ascontiguousarray(e["typ"]), wrong)
         if wrong.any():
             bad = int(np.flatnonzero(wrong)[0])
             raise IndexMismatchError(
