@@ -17,7 +17,7 @@ import numpy as np
 
 from ndp.errors import ConfigError
 from ndp.format import MASK_COUNT_BYTES, SHARD_SUFFIX, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
-from ndp.index import Corruption, load_index_and_scan
+from ndp.index import Corruption, check_headers, load_index_and_scan
 from ndp.shard import Shard
 
 PathLike = str | os.PathLike
@@ -98,6 +98,9 @@ class Corpus:
         self.offsets = np.concatenate([e["offset"].astype(np.int64) for e in entries]) \
             if entries else np.zeros(0, np.int64)
         self.src = np.concatenate([e["src"] for e in entries])
+        #: whether every entry was checked against its packet's header when loaded ("full");
+        #: else ``check_headers`` checks the packets as they are decoded
+        self.headers_checked = verify == "full"
         self.tokens = np.concatenate([tokens_of(e["length"], e["typ"]) for e in entries])
         #: group number of each global packet (``groups[g]`` names it)
         self.group = np.repeat(np.asarray(shard_group, np.int64), sizes)
@@ -116,6 +119,18 @@ class Corpus:
     def shard_of(self, packets: np.ndarray) -> np.ndarray:
         """Shard number of each global packet number."""
         return np.searchsorted(self.base, packets, side="right") - 1
+
+    def check_headers(self, packets: np.ndarray) -> None:
+        """``IndexMismatchError`` if a packet's header disagrees with its index entry (LEN,
+        SRC, DST, TYP): what an index matched by size alone leaves to be checked when the
+        packets are read. Nothing to do when the indexes were checked whole at load."""
+        if self.headers_checked or packets.shape[0] == 0:
+            return
+        shard_ids = self.shard_of(packets)
+        for s in np.unique(shard_ids).tolist():
+            local = packets[shard_ids == s] - self.base[s]
+            check_headers(self.indexes[s].entries, local, self.shards[s],
+                          where=self.shards[s].index_path)
 
     def close(self) -> None:
         for shard in self.shards:

@@ -192,20 +192,23 @@ def check_index(index: Index, shard: Shard, *, index_path: Path | None = None,
             f"{where}: shard crc32 0x{index.shard_crc32:08x} recorded, 0x{crc:08x} found: "
             f"{shard.path} changed since it was indexed (stale index). {hint}"
         )
-    check_structure(index, shard, where=where)
+    check_structure(index, shard, where=where, headers=verify == "full")
 
 
-def check_structure(index: Index, shard: Shard, *, where: Path | str | None = None) -> None:
+def check_structure(index: Index, shard: Shard, *, where: Path | str | None = None,
+                    headers: bool = True) -> None:
     """Raise ``IndexMismatchError`` unless ``index`` is what a framing scan of ``shard`` would
-    write, as far as can be told without reading the packets' payloads (so in time linear in
-    the index, not in the shard):
+    write, as far as can be told without reading the packets' payloads:
 
     * every entry lies inside the file, after the shard header, offsets strictly increasing
       and no packet overlapping the next (a repeated offset would deliver a packet twice);
-    * every entry's LEN, SRC, DST and TYP are the packet's own header bytes (a flipped length
-      would misplace packed windows; an offset off by a byte lands elsewhere);
     * the gaps between entries hold no packet a scan would find (they are the corrupt regions
-      a scan records; an index listing a subset of the packets, or none, leaves packets there).
+      a scan records; an index listing a subset of the packets, or none, leaves packets there);
+    * with ``headers``, every entry's LEN, SRC, DST and TYP are the packet's own header bytes
+      (a flipped length would misplace packed windows). This reads 6 bytes of every packet:
+      linear in the index, but one page of the shard per packet, so on a cold page cache it
+      reads the whole shard from disk. Without it (``verify="size"``), the Loader checks each
+      packet's header when it decodes it (``Corpus.check_headers``) and refuses a mismatch.
 
     Payloads (CRC) are not read: the decoders check every packet they decode."""
     where = where or shard.index_path
@@ -227,16 +230,8 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
                 f"{where}: entry {bad + 1} (byte {int(offsets[bad + 1])}) repeats or overlaps "
                 f"the packet before it; offsets must increase packet by packet. {hint}")
         at = offsets.astype(np.int64)
-        e = index.entries
-        wrong = np.empty(n, np.bool_)
-        headers_differ(data, at, np.ascontiguousarray(e["length"]),
-                       np.ascontiguousarray(e["src"]), np.ascontiguousarray(e["dst"]),
-                       np.ascontiguousarray(e["typ"]), wrong)
-        if wrong.any():
-            bad = int(np.flatnonzero(wrong)[0])
-            raise IndexMismatchError(
-                f"{where}: entry {bad} (byte {int(at[bad])}) disagrees with the packet header "
-                f"there ({int(wrong.sum())} entries do). {hint}")
+        if headers:
+            check_headers(index.entries, np.arange(n), shard, where=where)
         gap_starts = np.concatenate([[start], ends.astype(np.int64)])
         gap_ends = np.concatenate([at, [size]])
     else:
@@ -248,6 +243,26 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
             raise IndexMismatchError(
                 f"{where}: the index leaves out the packet at byte {found} (between bytes {a} "
                 f"and {b}, where it lists none). {hint}")
+
+
+def check_headers(entries: np.ndarray, which: np.ndarray, shard: Shard, *,
+                  where: Path | str | None = None) -> None:
+    """``IndexMismatchError`` unless the index ``entries[which]`` (all inside the shard) are
+    the packets' own header bytes: sync, SRC, DST, TYP and LEN."""
+    if which.shape[0] == 0:
+        return
+    e = entries[which]
+    at = e["offset"].astype(np.int64)
+    wrong = np.empty(which.shape[0], np.bool_)
+    headers_differ(shard.data, at, np.ascontiguousarray(e["length"]),
+                   np.ascontiguousarray(e["src"]), np.ascontiguousarray(e["dst"]),
+                   np.ascontiguousarray(e["typ"]), wrong)
+    if wrong.any():
+        bad = int(np.flatnonzero(wrong)[0])
+        raise IndexMismatchError(
+            f"{where or shard.index_path}: entry {int(which[bad])} (byte {int(at[bad])}) "
+            f"disagrees with the packet header there ({int(wrong.sum())} of {which.shape[0]} "
+            f"entries checked do). Rebuild it with 'ndp index {shard.path}'.")
 
 
 def _first_packet(data: np.ndarray, pos: int) -> int:

@@ -461,9 +461,13 @@ def test_mixing_skips_a_source_with_nothing_in_this_share():
 
 @pytest.mark.parametrize("mode", ["padded", "packed", "packing"])
 def test_a_lying_index_changes_no_batch(tmp_path, mode):
-    """One length bit flipped in an index (its size and crc32 still match): it is rebuilt with
-    a warning, and every batch is the one the intact dataset gives (it once made packed mode
-    deliver 16 tokens twice and 8 never)."""
+    """One length bit flipped in an index (its size and crc32 still match; it once made packed
+    mode deliver 16 tokens twice and 8 never). With verify="full" it is rebuilt with a warning
+    and every batch is the one the intact dataset gives; with verify="size" (no read of the
+    shards at start) the loader stops with an IndexMismatchError when it reaches the packet,
+    after batches that all equal the intact dataset's."""
+    from ndp.errors import IndexMismatchError
+
     import shutil
 
     from ndp.index import read_index, write_index
@@ -483,8 +487,15 @@ def test_a_lying_index_changes_no_batch(tmp_path, mode):
     kw = dict(mode=mode, seed=3, batch_size=3, seq_len=7)
     want = _run(make(intact, **kw), 25)
     with pytest.warns(UserWarning, match="disagrees with the packet header"):
-        loader = make(lying, **kw)
+        loader = make(lying, verify="full", **kw)
     assert_same(_run(loader, 25), want)
+    got: list[dict] = []
+    loader = make(lying, verify="size", **kw)
+    with pytest.raises(IndexMismatchError, match="disagrees with the packet header"):
+        while len(got) < 25:
+            got.extend(take(loader, 25 - len(got)))
+    assert len(got) < 25  # stopped, the batches before it intact (none if it was first)
+    assert_same(got, want[:len(got)])
 
 
 # --- misuse: named errors at the call that is wrong --------------------------------------------
