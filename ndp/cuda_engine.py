@@ -24,7 +24,7 @@ import numpy as np
 from ndp.backend import simulated
 from ndp.counters import Counters
 from ndp.device import LEGACY_DEFAULT_STREAM, Buffer, configure, new_event, new_stream, pinned
-from ndp.engine import CpuEngine, Slot, Staged, grow
+from ndp.engine import CpuEngine, Slot, Staged
 from ndp.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE
 from ndp.kernels.crc16 import CRC16_TABLES
 
@@ -70,9 +70,6 @@ class CudaEngine(CpuEngine):
     def _output(self, shape: tuple[int, ...], dtype: Any) -> Buffer:
         return Buffer(shape, dtype, counters=self.counters)
 
-    @staticmethod
-    def kernel_array(buffer: Any) -> Any:
-        return buffer.kernel
 
     # ---------------------------------------------------------------------- counted transfers
     def h2d(self, dst: Any, src: np.ndarray, stream: Any = None) -> None:
@@ -228,4 +225,4 @@ class CudaEngine(CpuEngine):
             slot.released_recorded = True
 
 
-__all__ = ["CudaEngine", "grow"]
+__all__ = ["CudaEngine"]

@@ -119,10 +119,6 @@ class CpuEngine:
     def _output(self, shape: tuple[int, ...], dtype: Any) -> Any:
         return np.empty(shape, dtype)
 
-    @staticmethod
-    def kernel_array(buffer: Any) -> Any:
-        """The array a kernel writes for an output buffer."""
-        return buffer
 
     # ------------------------------------------------------------------------------- kernels
     def submit_verdicts(self, staged: Staged, slot: Slot) -> None:

@@ -27,13 +27,13 @@ arrays (they come from the verdicts the host already holds).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ndp.cuda_engine import CudaEngine
 from ndp.decode import DecodeStats, PackedBatch, PaddedBatch, StreamExhausted
+from ndp.decoder import _Done
 from ndp.device import Buffer, DeviceArray, device_memory_info
 from ndp.engine import Slot, Staged
 from ndp.errors import ConfigError
@@ -53,16 +53,6 @@ class ResidentShard:
 
     def __repr__(self) -> str:
         return f"ResidentShard({self.name!r}, {self.nbytes} bytes)"
-
-
-@dataclass
-class _Done:
-    """A decoded batch, with the ``result()`` of a submitted one."""
-
-    value: Any
-
-    def result(self) -> Any:
-        return self.value
 
 
 class CudaDecoder:
