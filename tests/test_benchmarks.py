@@ -49,7 +49,9 @@ def test_gpu_loader_benchmark_smoke_run_under_the_simulator(tmp_path):
         assert row["host_cpu_s_per_billion_tokens"] > 0
         if name.startswith("ndp_cuda"):
             assert row["backend"] == "cuda" and row["chunk_batches"] == 64
-            assert row["per_batch"]["launches"] <= 0.1 and row["per_batch"]["host_waits"] <= 0.1
+            # the run is short: chunks still ramping up (1, 2, 4, ... batches) count here; the
+            # steady-state bounds are tests/test_counters.py's
+            assert 0 < row["per_batch"]["launches"] <= 2 and row["per_batch"]["host_waits"] <= 1
     assert set(report["targets_met"]) == set(report["targets"])
 
 
