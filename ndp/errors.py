@@ -23,6 +23,11 @@ class IndexMismatchError(NDPError):
     """A sidecar index does not describe its shard (stale, damaged or for another file)."""
 
 
+class DataError(NDPError):
+    """The data cannot give what was asked of it (for example, too few valid packets left for
+    the batches every rank must deliver); the message names the data and what to check."""
+
+
 class RecordError(NDPError, ValueError):
     """An input record cannot be converted.
 

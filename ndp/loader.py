@@ -22,8 +22,10 @@ Modes:
 * ``packing`` (SFT, packed rows): short examples laid end to end in full rows, with
   per-document ``position_ids`` and ``cu_seqlens`` (``ndp.packing``).
 
-Order, rank split, mixing and CRC-Drop are ``ndp.order``'s: seeded, a new order every epoch, every
-packet once per epoch across ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``).
+Order, rank split, mixing and CRC-Drop are ``ndp.order``'s: seeded, a new order every epoch,
+disjoint shares across ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``), and every
+rank delivers the same number of batches per epoch (``ndp.plan``; what that leaves out or
+repeats is counted in ``stats``).
 Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard groups
 (``mix_by="group"``), or ``mix={"TEXT_CORPUS": 1, "CODE_REPO": 1}`` by packet SRC
 (``mix_by="src"``); every source needs a weight (0 leaves it out, counted).
@@ -67,7 +69,7 @@ from ndp.backend import resolve_backend
 from ndp.chunks import ChunkDecoder
 from ndp.corpus import Corpus
 from ndp.engine import CpuEngine
-from ndp.errors import ConfigError, LoaderUsageError
+from ndp.errors import ConfigError, DataError, LoaderUsageError
 from ndp.order import drop_mask, rank_and_world
 from ndp.plan import Plan
 from ndp.progress import progress_bar
@@ -76,7 +78,7 @@ from ndp.state import check_state
 from ndp.stats import LoaderStats
 
 MODES = ("padded", "packed", "packing")
-STATE_VERSION = 2  # 2: with the dataset's fingerprint
+STATE_VERSION = 3  # 2: with the dataset's fingerprint; 3: with the batch number in the epoch
 #: tokens per chunk by default: a GPU amortises its per-call cost over 64 batches of 64 x 1,024
 #: (256 MB of int64 outputs per padded chunk, a ring of them on the device); on the CPU the
 #: hand-off to ndp's threads is what is amortised, and smaller chunks keep host memory small
@@ -168,7 +170,7 @@ class Loader:
         self._producer = _Producer(self.plan, ChunkDecoder(
             self.engine, stager, self.plan, pad_token_id=pad_token_id,
             chunk_batches=self.chunk_batches), self._ring)
-        self._state = {"epoch": 0, "pos": 0, "tok": 0}
+        self._state = {"epoch": 0, "pos": 0, "tok": 0, "batch": 0}
         self.stats = LoaderStats(
             corrupt_regions=len(self.corpus.corruption),
             corrupt_bytes=sum(c.length for _, c in self.corpus.corruption),
@@ -349,20 +351,27 @@ class _Producer:
         """The chunks of the rest of ``state``'s epoch; returns the epoch's end item (None if
         stopped)."""
         plan = self.plan
-        epoch, pos, tok = state["epoch"], state["pos"], state["tok"]
-        share, n_dropped, mix_unused = plan.share(epoch)
-        pending = {"dropped_on_purpose": n_dropped} if pos == 0 and tok == 0 else {}
+        epoch, pos, tok, done = state["epoch"], state["pos"], state["tok"], state["batch"]
+        sh = plan.share(epoch)
+        share, n, cap = sh.packets, sh.packets.shape[0], sh.batches
+        fresh = pos == 0 and tok == 0
+        pending = {"dropped_on_purpose": sh.dropped} if fresh else {}
         counted_upto = pos  # share positions before this were counted by an earlier batch
-        n = share.shape[0]
         end: dict = {}
-        while pos < n:
+        while pos < n and (cap is None or done < cap):
             slot = self.ring.acquire(stop)
             if slot is None:
                 return None
-            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, self._size)
+            size = self._size if cap is None else min(self._size, cap - done)
+            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size)
             self._size = min(2 * self._size, self.chunks.chunk_batches)
             layout = chunk.layout
             for batch in layout.batches:
+                done += 1
+                batch.state["batch"] = done
+                a, b = batch.counted["_range"]
+                if b > sh.length:  # packed: past the share's own packets, repeating it
+                    batch.counted["repeated"] = b - max(a, sh.length)
                 plan.by_source(share, batch.counted)
             if layout.batches:
                 layout.batches[0].counted.update(pending)
@@ -380,7 +389,18 @@ class _Producer:
                 break
             if not layout.batches:
                 break
+        if cap is not None and done < cap:
+            raise DataError(
+                f"rank {plan.rank}: epoch {epoch} holds too few valid tokens to deliver the "
+                f"{cap} batches every rank delivers (it delivered {done}, even repeating its "
+                f"share); its shards are mostly corrupt: run 'ndp verify' on the data")
+        if cap is not None:
+            # every rank stops at the same batch: the rest of this share, and what was cut
+            # from its end to make the shares equal, is left out, counted
+            left = sh.balanced + max(sh.length - counted_upto, 0)
+            if left:
+                end["rank_balance"] = left
         end.update(pending)
-        if mix_unused:
-            end["mix_unused"] = mix_unused
-        return (_EPOCH_END, {"epoch": epoch + 1, "pos": 0, "tok": 0}, end)
+        if sh.mix_unused:
+            end["mix_unused"] = sh.mix_unused
+        return (_EPOCH_END, {"epoch": epoch + 1, "pos": 0, "tok": 0, "batch": 0}, end)

@@ -43,6 +43,29 @@ def _plan(lengths, rows, row_len, where_row, where_col):  # pragma: no cover - c
 
 
 @cpu_kernel
+def _count_batches(lengths, rows, row_len):  # pragma: no cover - compiled
+    n = lengths.shape[0]
+    at = 0
+    count = 0
+    while at < n:
+        r = 0
+        c = 0
+        i = at
+        while i < n:
+            m = min(lengths[i], row_len)
+            if c + m > row_len:
+                r += 1
+                c = 0
+            if r == rows:
+                break
+            c += m
+            i += 1
+        at = max(i, at + 1)
+        count += 1
+    return count
+
+
+@cpu_kernel
 def _segments(lengths, where_row, rows, row_len, out):  # pragma: no cover - compiled
     """Segment ends of the flattened batch: each document, then each row's padding."""
     k = 0
@@ -80,3 +103,9 @@ def segments(lengths: np.ndarray, where_row: np.ndarray, *, rows: int,
     k = int(_segments(np.ascontiguousarray(lengths, np.int64),
                       np.ascontiguousarray(where_row, np.int64), rows, row_len, ends))
     return np.concatenate([[0], ends[:k]]).astype(np.int32)
+
+
+def count_batches(lengths: np.ndarray, rows: int, row_len: int) -> int:
+    """How many batches of ``rows`` rows of ``row_len`` the examples ``lengths`` fill when
+    placed in order as ``plan`` places them (each batch takes at least one example)."""
+    return int(_count_batches(np.ascontiguousarray(lengths, np.int64), rows, row_len))

@@ -2,7 +2,16 @@
 chunks (the first stage of the Loader's pipeline: plan, stage, decode, serve).
 
 The order, rank split, CRC-Drop and mixing are ``ndp.order``'s pure functions of the seed and
-epoch. A chunk is a run of consecutive packets of the share that holds ``batches`` batches by
+epoch.
+
+With several ranks, every rank delivers the same number of batches each epoch (else a
+distributed training loop waits on a collective that one rank never joins): each rank works
+out every rank's share (no communication: all of it is a function of the seed, the epoch and
+the index), the shares are cut to the shortest one's packet count (what is cut is counted as
+``rank_balance``), and the epoch's batch count is the smallest any rank's share makes by the
+index. That count is exact for ``padded`` and ``packing`` batches whatever is corrupt; in
+``packed`` mode a rank whose corrupt packets leave its stream short goes on from the start of its
+share (counted as ``repeated``) to deliver it. A chunk is a run of consecutive packets of the share that holds ``batches`` batches by
 the index's token counts; the batches themselves are laid out after decoding (``ndp.layout``),
 from what the packets really hold, so the cut never changes a batch: with fewer batches per
 chunk, or more, the Loader delivers the same ones.
@@ -10,14 +19,30 @@ chunk, or more, the Loader delivers the same ones.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ndp.packing import plan as place
+from ndp.packing import count_batches, plan as place
 from ndp.corpus import Corpus
 from ndp.errors import ConfigError
 from ndp.order import drop_mask, epoch_order, mix, rank_share
+
+
+@dataclass(frozen=True)
+class Share:
+    """This rank's packets of one epoch (see the module docstring)."""
+
+    #: share position -> global packet number; in packed mode with several ranks the share
+    #: twice over (positions from ``length`` on repeat it, for a rank left short by corruption)
+    packets: np.ndarray
+    length: int  #: the share's own packets
+    #: batches every rank delivers this epoch; None with one rank (the share's end ends it)
+    batches: int | None
+    dropped: int = 0  #: CRC-Drop: packets of this rank's part of the order dropped on purpose
+    mix_unused: dict = field(default_factory=dict)  #: mixing: per source, packets left unused
+    balanced: int = 0  #: packets cut from the share's end so that every rank has as many
 
 
 class Plan:
@@ -36,27 +61,53 @@ class Plan:
         self._memo: dict[int, int] = {}
 
     # ------------------------------------------------------------------------------ shares
-    def share(self, epoch: int) -> tuple[np.ndarray, int, dict]:
-        """This rank's packets of ``epoch`` after CRC-Drop and mixing, how many CRC-Drop
-        removed, and per source how many packets mixing left unused."""
+    def share(self, epoch: int) -> Share:
+        """This rank's ``Share`` of ``epoch`` (after CRC-Drop, mixing and the rank balance)."""
         if self._share_cache is not None and self._share_cache[0] == epoch:
-            return self._share_cache[1:]
+            return self._share_cache[1]
         within = "phase" if self.mode == "packed" else "permute"
         order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
                             within=within)
-        share = rank_share(order, self.rank, self.world_size)
         dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
                             rate=self.crc_drop_rate)
+        if self.world_size == 1:
+            kept, n_dropped, unused = self._kept(order, dropped, epoch, 0)
+            share = Share(kept, kept.shape[0], None, n_dropped, unused)
+        else:
+            every = [self._kept(order, dropped, epoch, r)[0] for r in range(self.world_size)]
+            m = min(k.shape[0] for k in every)
+            kept, n_dropped, unused = self._kept(order, dropped, epoch, self.rank)
+            batches = min(self._batches(k[:m]) for k in every)
+            own = kept[:m]
+            packets = np.concatenate([own, own]) if self.mode == "packed" else own
+            share = Share(packets, m, batches, n_dropped, unused, kept.shape[0] - m)
+        self._share_cache = (epoch, share)
+        return share
+
+    def _kept(self, order: np.ndarray, dropped: np.ndarray, epoch: int,
+              rank: int) -> tuple[np.ndarray, int, dict]:
+        """Rank ``rank``'s packets of the epoch's ``order`` after CRC-Drop and mixing, how many
+        CRC-Drop removed, and per source how many packets mixing left unused."""
+        share = rank_share(order, rank, self.world_size)
         kept = share[~dropped[share]]
         unused_by_source: dict[str, int] = {}
         if self._mix_keys is not None:
             key = self._source_key(kept)
             parts = [kept[key == k] for k in range(len(self._mix_names))]
-            kept, unused = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch,
-                               rank=self.rank)
+            kept, unused = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch, rank=rank)
             unused_by_source = {name: int(n) for name, n in zip(self._mix_names, unused) if n}
-        self._share_cache = (epoch, kept, int(dropped[share].sum()), unused_by_source)
-        return self._share_cache[1:]
+        return kept, int(dropped[share].sum()), unused_by_source
+
+    def _batches(self, share: np.ndarray) -> int:
+        """Batches ``share`` makes by the index's token counts (what it makes when nothing in
+        it is corrupt)."""
+        B, T = self.batch_size, self.seq_len
+        if self.mode == "padded":
+            return -(-share.shape[0] // B)
+        tokens = self.corpus.tokens[share]
+        if self.mode == "packed":
+            return max(0, (int(tokens.sum()) - 1) // (B * T))
+        return count_batches(tokens, B, T)
 
     def by_source(self, share: np.ndarray, counted: dict) -> None:
         """Turn a batch's ``_range`` of newly counted share positions into packets per source

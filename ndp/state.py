@@ -30,18 +30,25 @@ def _int(state: dict, key: str) -> int:
 
 
 def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
-    """The (epoch, pos, tok) of ``state`` if it belongs to the loader whose own state is
-    ``mine``; ``LoaderStateError`` otherwise."""
+    """The (epoch, pos, tok, batch) of ``state`` if it belongs to the loader whose own state
+    is ``mine``; ``LoaderStateError`` otherwise."""
     if not isinstance(state, dict):
         raise LoaderStateError(f"a loader state is a dict (from Loader.state_dict()), got "
                                f"{type(state).__name__}")
     version = state.get("version")
+    if version not in (1, 2, mine["version"]):
+        raise LoaderStateError(f"loader state version {version!r} is not {mine['version']} "
+                               f"(nor 1 or 2): it was not written by this ndp's "
+                               f"Loader.state_dict()")
+    if version in (1, 2) and mine["world_size"] > 1:
+        raise LoaderStateError(
+            f"loader state version {version} was written before every rank delivered the same "
+            f"number of batches per epoch: with {mine['world_size']} ranks its position is not "
+            f"one this ndp reaches; resume from the start of its epoch (set 'pos' and 'tok' to "
+            f"0 and 'version' to {mine['version']}) or from a newer state")
     if version == 1:  # written before states carried the dataset's fingerprint
         warnings.warn("loader state version 1 has no dataset fingerprint: it is checked against "
                       "the settings and packet count only", stacklevel=3)
-    elif version != mine["version"]:
-        raise LoaderStateError(f"loader state version {version!r} is not {mine['version']} "
-                               f"(nor 1): it was not written by this ndp's Loader.state_dict()")
     elif state.get("fingerprint") != mine["fingerprint"]:
         raise LoaderStateError(
             f"loader state was made on dataset {state.get('fingerprint')!r}, this loader reads "
@@ -52,10 +59,14 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
             raise LoaderStateError(f"loader state has {key}={state.get(key)!r}, this loader "
                                    f"{mine[key]!r}; resume with the same settings and shards")
     epoch, pos, tok = _int(state, "epoch"), _int(state, "pos"), _int(state, "tok")
+    batch = _int(state, "batch") if version == mine["version"] else 0
     if epoch < 0:
         raise LoaderStateError(f"loader state epoch {epoch} is negative")
-    share, _, _ = plan.share(epoch)
-    n = share.shape[0]
+    sh = plan.share(epoch)
+    share, n = sh.packets, sh.packets.shape[0]
+    if batch < 0 or (sh.batches is not None and batch > sh.batches):
+        raise LoaderStateError(f"loader state batch {batch} is outside epoch {epoch}, in which "
+                               f"every rank delivers {sh.batches} batches")
     if not 0 <= pos <= n:
         raise LoaderStateError(f"loader state position {pos} is outside epoch {epoch}, whose "
                                f"share holds {n} packets on this rank")
@@ -66,4 +77,4 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
         raise LoaderStateError(
             f"loader state token offset {tok} lies past the end of packet {pos} of epoch "
             f"{epoch} (a state points inside the packet the next window starts in)")
-    return {"epoch": epoch, "pos": pos, "tok": tok}
+    return {"epoch": epoch, "pos": pos, "tok": tok, "batch": batch}

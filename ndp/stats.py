@@ -21,6 +21,10 @@ class LoaderStats:
     tokens: int = 0  # tokens delivered (x tokens in packed mode)
     truncated_tokens: int = 0  # padded rows cut at seq_len
     unused_tokens: int = 0  # packed: stream tokens left at epoch ends
+    #: several ranks: packets left out so that every rank delivers as many batches, and
+    #: packets delivered twice (packed mode, a rank left short by corrupt packets)
+    rank_balance: int = 0
+    repeated: int = 0
     wait_seconds: float = 0.0  # consumer time blocked on the producer
     sources: dict[str, int] = field(default_factory=dict)  # mixing: packets per source
     mix_unused: dict[str, int] = field(default_factory=dict)  # mixing: left when an epoch ended
@@ -38,6 +42,8 @@ class LoaderStats:
         self.truncated_tokens += get("truncated_tokens", 0)
         self.dropped_on_purpose += get("dropped_on_purpose", 0)
         self.unused_tokens += get("unused_tokens", 0)
+        self.rank_balance += get("rank_balance", 0)
+        self.repeated += get("repeated", 0)
         for key in ("corrupt", "sources", "mix_unused"):
             found = get(key)
             if found:
@@ -50,7 +56,8 @@ class LoaderStats:
             "batches": self.batches, "packets": self.packets, "valid": self.valid,
             "corrupt": dict(self.corrupt), "dropped_on_purpose": self.dropped_on_purpose,
             "tokens": self.tokens, "truncated_tokens": self.truncated_tokens,
-            "unused_tokens": self.unused_tokens, "wait_seconds": round(self.wait_seconds, 6),
+            "unused_tokens": self.unused_tokens, "rank_balance": self.rank_balance,
+            "repeated": self.repeated, "wait_seconds": round(self.wait_seconds, 6),
             "corrupt_regions": self.corrupt_regions, "corrupt_bytes": self.corrupt_bytes,
             "sources": dict(self.sources), "mix_unused": dict(self.mix_unused),
         }
