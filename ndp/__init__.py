@@ -20,7 +20,11 @@ from ndp.dataset import NDPDataset, QubGPUDataset
 from ndp.decoder import CpuDecoder, Decoder
 from ndp.errors import (
     ConfigError,
+    DataError,
     IndexMismatchError,
+    LoaderStateError,
+    LoaderUsageError,
+    ManifestError,
     NDPError,
     PacketError,
     RecordError,
@@ -37,7 +41,8 @@ from ndp.shard import Shard, ShardWriter
 __version__ = "0.1.0"
 
 __all__ = [
-    "ConfigError", "Corpus", "CpuDecoder", "Decoder", "Loader", "LoaderStats", "NDPDataset",
+    "ConfigError", "Corpus", "DataError", "LoaderStateError", "LoaderUsageError",
+    "ManifestError", "CpuDecoder", "Decoder", "Loader", "LoaderStats", "NDPDataset",
     "QubGPUDataset", "resolve_backend", "DecodeStats", "DropReason", "Dst", "Index", "IndexMismatchError",
     "NDPError", "PackedBatch", "Packet", "PacketError", "PaddedBatch", "PaddedBuffers",
     "RecordError", "Shard", "ShardFormatError", "ShardWriter", "Src", "StreamExhausted",

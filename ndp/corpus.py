@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,27 +19,41 @@ import numpy as np
 from ndp.errors import ConfigError
 from ndp.format import MASK_COUNT_BYTES, SHARD_SUFFIX, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
 from ndp.index import Corruption, check_headers, load_index_and_scan
+from ndp.manifest import ManifestError, entries_by_name, listed_shards
 from ndp.shard import Shard
 
 PathLike = str | os.PathLike
 
 
-def shard_paths(paths: PathLike | Sequence[PathLike]) -> list[Path]:
+def shard_paths(paths: PathLike | Sequence[PathLike], *,
+                manifest: str = "check") -> list[Path]:
     """Shards named directly, or every ``*.ndp`` inside a directory (sorted by name)."""
+    return [p for p, _ in listed(paths, manifest=manifest)[0]]
+
+
+def listed(paths: PathLike | Sequence[PathLike], *, manifest: str = "check"
+           ) -> tuple[list[tuple[Path, dict | None]], list[dict]]:
+    """Each shard with its manifest entry (None for a shard named directly or read without a
+    manifest), and the manifests read. A directory must be a whole dataset by its manifest
+    (``ndp.manifest.listed_shards``) unless ``manifest`` is "ignore"."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    out: list[Path] = []
+    out: list[tuple[Path, dict | None]] = []
+    manifests: list[dict] = []
     for p in map(Path, items):
         if p.is_dir():
-            found = sorted(p.glob(f"*{SHARD_SUFFIX}"))
+            found, record = listed_shards(p, manifest=manifest)
             if not found:
                 raise ConfigError(f"{p}: no *{SHARD_SUFFIX} shards in this directory; convert "
                                   f"data first (ndp convert)")
-            out.extend(found)
+            entries = {} if record is None else entries_by_name(record)
+            out.extend((f, entries.get(f.name)) for f in found)
+            if record is not None:
+                manifests.append(record)
         elif p.exists():
-            out.append(p)
+            out.append((p, None))
         else:
             raise ConfigError(f"{p}: no such shard or directory")
-    return out
+    return out, manifests
 
 
 def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
@@ -66,22 +81,36 @@ class Corpus:
     matched to its shard: "size" (the default: size and entries, no read of the data, so a
     training run does not read the whole data set before its first batch; the decoders check
     every packet's CRC anyway) or "full" (also the crc32 of every shard, one full read).
+    A directory must be a whole dataset by its manifest ``ndp.json`` (``ndp.manifest``: a
+    ``ManifestError`` otherwise) unless ``manifest`` is "ignore"; a shard whose crc32 or
+    packet count differs from its manifest entry was damaged after it was written: a warning,
+    and its damaged packets are dropped and counted as they are decoded.
     """
 
     def __init__(self, paths: PathLike | Sequence[PathLike] | Mapping[str, Any], *,
-                 on_stale: str = "rebuild", verify: str = "size"):
+                 on_stale: str = "rebuild", verify: str = "size", manifest: str = "check"):
         if isinstance(paths, Mapping):
             self.groups = list(paths)
-            grouped = [shard_paths(paths[name]) for name in self.groups]
-            self.paths = [p for ps in grouped for p in ps]
-            shard_group = [g for g, ps in enumerate(grouped) for _ in ps]
+            grouped = [listed(paths[name], manifest=manifest)
+                       for name in self.groups]
         else:
             self.groups = ["all"]
-            self.paths = shard_paths(paths)
-            shard_group = [0] * len(self.paths)
+            grouped = [listed(paths, manifest=manifest)]
+        pairs = [pair for ps, _ in grouped for pair in ps]
+        shard_group = [g for g, (ps, _) in enumerate(grouped) for _ in ps]
+        #: the manifests of the directories read (``ndp.json``, as dicts)
+        self.manifests = [m for _, ms in grouped for m in ms]
+        self.paths = [p for p, _ in pairs]
         if not self.paths:
             raise ConfigError("no shards given")
         self.shards = [Shard(p) for p in self.paths]
+        for (path, entry), shard in zip(pairs, self.shards):
+            if entry is not None and shard.size != entry["bytes"]:
+                raise ManifestError(
+                    f"{path}: {shard.size:,} bytes where the dataset's manifest recorded "
+                    f"{entry['bytes']:,}: the shard was cut, extended or replaced after the "
+                    f"dataset was written (or is still being copied). Restore it or re-run the "
+                    f"conversion")
         self.indexes = []
         #: (shard path, region) for every corrupt region a framing scan found while rebuilding a
         #: stale or missing index: damage the index no longer lists as packets
@@ -91,6 +120,15 @@ class Corpus:
             self.indexes.append(index)
             if scan is not None:
                 self.corruption.extend((shard.path, c) for c in scan.corrupt)
+        for (path, entry), index in zip(pairs, self.indexes):
+            if entry is not None and (index.shard_crc32 != entry["crc32"]
+                                      or len(index) != entry.get("packets", len(index))):
+                warnings.warn(
+                    f"{path}: crc32 {index.shard_crc32:#010x} and {len(index)} packets where the "
+                    f"dataset's manifest recorded {entry['crc32']:#010x} and "
+                    f"{entry.get('packets')}: the shard was damaged after it was written; its "
+                    f"damaged packets are dropped and counted as they are decoded ('ndp verify' "
+                    f"shows where)", stacklevel=3)
         sizes = np.array([len(i) for i in self.indexes], np.int64)
         self.base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.n_packets = int(self.base[-1])

@@ -66,6 +66,8 @@ class NDPDataset:
     at padding and at masked (prompt) tokens. ``crc_drop_rate`` drops that fraction of packets
     on purpose, a new draw per ``set_epoch``, deterministic per ``seed``. ``on_stale`` is
     ``Corpus``'s: "rebuild" rescans a shard whose index does not match it, "error" refuses it.
+    A directory must be the whole dataset its manifest ``ndp.json`` lists unless ``manifest``
+    is "ignore" (``ndp.manifest``).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class NDPDataset:
         seed: int = 0,
         epoch: int = 0,
         on_stale: str = "rebuild",
+        manifest: str = "check",
     ) -> None:
         if max_seq_length < 1:
             raise ConfigError(f"max_seq_length must be >= 1, got {max_seq_length}")
@@ -90,7 +93,8 @@ class NDPDataset:
         self.crc_drop_rate = float(crc_drop_rate)
         self.seed = int(seed)
         self.on_stale = on_stale
-        self._corpus: Corpus | None = Corpus(path, on_stale=on_stale, verify="full")
+        self._corpus: Corpus | None = Corpus(path, on_stale=on_stale, verify="full",
+                                                     manifest=manifest)
         corpus = self._corpus
         self._paths = list(corpus.paths)
         self._n_packets = corpus.n_packets

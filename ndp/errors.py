@@ -50,6 +50,12 @@ class ConfigError(NDPError, ValueError):
     """An option has a value that cannot work; the message names the allowed range."""
 
 
+class ManifestError(ConfigError):
+    """A directory of shards is not the whole dataset its manifest ``ndp.json`` lists (no
+    manifest, a listed shard missing or of another size, a shard it does not list): see
+    ``ndp.manifest``."""
+
+
 class LoaderStateError(ConfigError):
     """A resume state (``Loader.load_state_dict``) does not belong to this loader: another
     dataset or configuration, or positions outside the epoch it names."""

@@ -30,6 +30,10 @@ Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard g
 (``mix_by="group"``), or ``mix={"TEXT_CORPUS": 1, "CODE_REPO": 1}`` by packet SRC
 (``mix_by="src"``); every source needs a weight (0 leaves it out, counted).
 
+A directory is read only as the whole dataset its manifest ``ndp.json`` lists (``ndp.manifest``:
+a conversion killed half way leaves none, and is refused); ``manifest="ignore"`` reads a
+directory of shards without one on purpose.
+
 Indexes are matched to their shards by size (``verify="size"``), not by reading every shard to
 compare its crc32 (``verify="full"``): time to the first batch does not grow with the data set,
 and every packet's CRC is still checked as it is decoded.
@@ -122,6 +126,7 @@ class Loader:
         mix: dict[str | int, float] | None = None,
         mix_by: str = "group",
         verify: str = "size",
+        manifest: str = "check",
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
@@ -139,7 +144,8 @@ class Loader:
             raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
         drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
         self.backend = resolve_backend(backend)
-        self.corpus = data if isinstance(data, Corpus) else Corpus(data, verify=verify)
+        self.corpus = data if isinstance(data, Corpus) else Corpus(
+            data, verify=verify, manifest=manifest)
         self.mode, self.batch_size, self.seq_len = mode, batch_size, seq_len
         self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
         self.rank, self.world_size = rank_and_world(rank, world_size)

@@ -12,8 +12,8 @@ leaves shards and no manifest (or, while overwriting, the old dataset whole). So
 a directory (``Loader``, ``NDPDataset``, ``ndp verify``) checks it against its manifest: no
 manifest, a listed shard missing or of another size or crc32 (as its index records it), or a
 shard the manifest does not list is refused with a ``ManifestError`` that says what happened
-and what to do. ``require_manifest=False`` (``ndp verify --no-manifest``) reads a directory of
-shards without one on purpose; ``ndp index --write-manifest`` commits such a directory after
+and what to do. ``manifest="ignore"`` (``ndp verify --no-manifest``) reads a directory's
+shards as they are, on purpose; ``ndp index --write-manifest`` commits such a directory after
 the fact.
 
 ``staged_output`` is how a writer replaces a dataset: the new one is built in a hidden sibling
@@ -33,16 +33,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ndp.errors import ConfigError
+from ndp.errors import ConfigError, ManifestError
 from ndp.format import INDEX_SUFFIX, SHARD_SUFFIX
 
 MANIFEST = "ndp.json"
 _STAGING = ".ndp-partial-"  # sibling directories a writer builds in: ".<name>.ndp-partial-<pid>"
 _OLD = ".ndp-old-"
-
-
-class ManifestError(ConfigError):
-    """A directory of shards is not a whole dataset by its manifest (``ndp.manifest``)."""
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
@@ -98,23 +94,25 @@ def shard_entry(path: Path, size: int, packets: int, crc32: int) -> dict[str, An
     return {"name": path.name, "bytes": int(size), "packets": int(packets), "crc32": int(crc32)}
 
 
-def listed_shards(directory: Path, *, require_manifest: bool = True) -> tuple[list[Path],
-                                                                             dict | None]:
-    """The shards of ``directory`` in name order, and their manifest entries by name (None
-    without a manifest, when ``require_manifest`` is False). ``ManifestError`` when the
-    directory is not the whole dataset its manifest lists."""
+def listed_shards(directory: Path, *, manifest: str = "check") -> tuple[list[Path],
+                                                                        dict | None]:
+    """The shards of ``directory`` in name order, and its manifest (None with
+    ``manifest="ignore"``: the shards as they are, whatever a manifest says). ``ManifestError``
+    when the directory is not the whole dataset its manifest lists."""
+    if manifest not in ("check", "ignore"):
+        raise ConfigError(f"manifest must be 'check' or 'ignore', got {manifest!r}")
     found = sorted(directory.glob(f"*{SHARD_SUFFIX}"))
-    manifest = read_manifest(directory)
-    if manifest is None:
-        if require_manifest:
-            raise ManifestError(
-                f"{directory}: {len(found)} shard(s) but no {MANIFEST}: the dataset was never "
-                f"committed (a conversion that was killed or is still running leaves shards "
-                f"without one). Re-run the conversion; or, to read these shards as they are on "
-                f"purpose, pass require_manifest=False (ndp verify --no-manifest), or commit "
-                f"them with 'ndp index --write-manifest {directory}'")
+    if manifest == "ignore":
         return found, None
-    entries = {s["name"]: s for s in manifest["shards"]}
+    record = read_manifest(directory)
+    if record is None:
+        raise ManifestError(
+            f"{directory}: {len(found)} shard(s) but no {MANIFEST}: the dataset was never "
+            f"committed (a conversion that was killed or is still running leaves shards "
+            f"without one). Re-run the conversion; or, to read these shards as they are on "
+            f"purpose, pass manifest='ignore' (ndp verify --no-manifest), or commit them with "
+            f"'ndp index --write-manifest {directory}'")
+    entries = entries_by_name(record)
     missing = sorted(set(entries) - {p.name for p in found})
     if missing:
         raise ManifestError(
@@ -129,23 +127,11 @@ def listed_shards(directory: Path, *, require_manifest: bool = True) -> tuple[li
             f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}): left by an "
             f"interrupted conversion or copied in from elsewhere, they are not part of this "
             f"dataset. Move them out, or re-run the conversion")
-    return [directory / name for name in sorted(entries)], entries
+    return [directory / name for name in sorted(entries)], record
 
 
-def check_shard(entry: dict[str, Any], path: Path, size: int, crc32: int, packets: int) -> None:
-    """``ManifestError`` if a shard's size, crc32 (as its index or a full read gives it) or
-    packet count is not what the manifest recorded."""
-    problems = []
-    if size != entry["bytes"]:
-        problems.append(f"{size:,} bytes where the manifest recorded {entry['bytes']:,}")
-    elif crc32 != entry["crc32"]:
-        problems.append(f"crc32 {crc32:#010x} where the manifest recorded {entry['crc32']:#010x}")
-    elif "packets" in entry and packets != entry["packets"]:
-        problems.append(f"{packets:,} packets where the manifest recorded {entry['packets']:,}")
-    if problems:
-        raise ManifestError(
-            f"{path}: {problems[0]}: the shard was changed, cut or replaced after the dataset "
-            f"was written. Restore it, or re-run the conversion")
+def entries_by_name(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for s in manifest["shards"]}
 
 
 # ------------------------------------------------------------------------- replacing a dataset

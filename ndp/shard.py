@@ -153,12 +153,16 @@ class _OpenShard:
 
 
 class ShardWriter:
-    """Writes packets into ``directory/<prefix>-00000.ndp``, ``-00001.ndp``, ... with indexes.
+    """Writes packets into ``directory/<prefix>-00000.ndp``, ``-00001.ndp``, ... with indexes,
+    and commits them with the manifest ``ndp.json`` (``ndp.manifest``).
 
     Each shard is written to ``<name>.tmp``, fsynced and renamed into place only when it is
     complete, so a crash leaves a ``.tmp`` file and never a half shard under a final name. A new
-    shard starts when the next packet would pass ``max_shard_bytes``. Use as a context manager:
-    leaving the block normally finishes the last shard; an exception discards it.
+    shard starts when the next packet would pass ``max_shard_bytes``. ``commit`` (or ``close``,
+    or leaving the ``with`` block normally) finishes the last shard and then writes the
+    manifest, listing these shards and those an earlier commit in the directory listed; until
+    then readers refuse the directory. An exception in the block discards the open shard and
+    commits nothing.
     """
 
     def __init__(
@@ -178,6 +182,7 @@ class ShardWriter:
         self.max_shard_bytes = max_shard_bytes
         self.header = header
         self.finished: list[ShardInfo] = []
+        self.committed = False
         self._current: _OpenShard | None = None
 
     def _open(self) -> _OpenShard:
@@ -232,10 +237,34 @@ class ShardWriter:
         _fsync_dir(self.directory)
         self.finished.append(ShardInfo(cur.path, cur.size, len(cur.entries), cur.crc32))
 
-    def close(self) -> list[ShardInfo]:
-        """Finish the open shard (if any) and return every finished shard."""
+    def finish(self) -> list[ShardInfo]:
+        """Finish the open shard (if any) and return every finished shard (no manifest)."""
         if self._current is not None:
             self._finish()
+        return self.finished
+
+    def commit(self, extra: dict | None = None) -> Path:
+        """Finish the open shard and write the manifest: ``extra`` (what wrote the dataset) and
+        every shard, after those an earlier commit in this directory listed. Returns its path."""
+        from ndp.manifest import read_manifest, shard_entry, write_manifest
+
+        self.finish()
+        mine = [shard_entry(s.path, s.size, s.packets, s.crc32) for s in self.finished]
+        names = {e["name"] for e in mine}
+        earlier = read_manifest(self.directory) or {"shards": []}
+        kept = [e for e in earlier["shards"]
+                if e["name"] not in names and (self.directory / e["name"]).exists()]
+        manifest = {"format_version": SHARD_VERSION, **(extra or {}),
+                    "shards": sorted(kept + mine, key=lambda e: e["name"])}
+        path = write_manifest(self.directory, manifest)
+        self.committed = True
+        return path
+
+    def close(self) -> list[ShardInfo]:
+        """Finish the open shard, commit (unless ``commit`` did) and return every finished
+        shard."""
+        if not self.committed:
+            self.commit()
         return self.finished
 
     def abort(self) -> None:

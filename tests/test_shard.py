@@ -11,6 +11,7 @@ import pytest
 from ndp.errors import ConfigError, ShardFormatError, UnsupportedVersionError
 from ndp.format import SHARD_HEADER_BYTES, SHARD_MAGIC
 from ndp.index import read_index, scan_shard
+from ndp.manifest import ManifestError, listed_shards, read_manifest
 from ndp.packet import decode_packet, encode_packet, encode_tokens
 from ndp.shard import (
     Shard,
@@ -99,7 +100,7 @@ def _listing(directory):
 def test_writer_single_shard(tmp_path):
     stream = ramp_stream([3, 0, 10, 1], header=True)
     infos = write_shards(tmp_path, stream.packets)
-    assert _listing(tmp_path) == ["shard-00000.ndp", "shard-00000.ndp.idx"]
+    assert _listing(tmp_path) == ["ndp.json", "shard-00000.ndp", "shard-00000.ndp.idx"]
     (info,) = infos
     data = info.path.read_bytes()
     assert data == stream.data  # header + packets, byte for byte
@@ -160,9 +161,28 @@ def test_writer_no_tmp_left_after_close(tmp_path):
         writer.write(p)
     assert _listing(tmp_path) == ["shard-00000.ndp.tmp"]  # nothing under a final name yet
     infos = writer.close()
-    assert _listing(tmp_path) == ["shard-00000.ndp", "shard-00000.ndp.idx"]
+    assert _listing(tmp_path) == ["ndp.json", "shard-00000.ndp", "shard-00000.ndp.idx"]
     assert [i.path.name for i in infos] == ["shard-00000.ndp"]
     assert writer.close() == infos  # closing twice is harmless
+    (entry,) = read_manifest(tmp_path)["shards"]  # the commit record, written last
+    assert entry == {"name": "shard-00000.ndp", "bytes": infos[0].size, "packets": 2,
+                     "crc32": infos[0].crc32}
+
+
+def test_a_second_writer_adds_to_the_manifest_and_an_interrupted_one_commits_nothing(tmp_path):
+    write_shards(tmp_path, ramp_stream([4, 4]).packets, prefix="a")
+    write_shards(tmp_path, ramp_stream([5]).packets, prefix="b")
+    names = [e["name"] for e in read_manifest(tmp_path)["shards"]]
+    assert names == ["a-00000.ndp", "b-00000.ndp"]
+    with pytest.raises(KeyboardInterrupt):
+        with ShardWriter(tmp_path, prefix="c", max_shard_bytes=65575) as writer:
+            for p in [s.encode() for s in ramp_specs([500] * 60)]:
+                writer.write(p)
+            raise KeyboardInterrupt
+    assert (tmp_path / "c-00000.ndp").exists()  # finished, but never committed:
+    assert [e["name"] for e in read_manifest(tmp_path)["shards"]] == names
+    with pytest.raises(ManifestError, match="does not list.*c-00000.ndp.*interrupted"):
+        listed_shards(tmp_path)
 
 
 def test_writer_exception_discards_open_shard(tmp_path):
@@ -192,7 +212,8 @@ def test_writer_exception_keeps_finished_shards(tmp_path):
 def test_writer_no_packets_writes_nothing(tmp_path):
     with ShardWriter(tmp_path) as writer:
         pass
-    assert writer.finished == [] and _listing(tmp_path) == []
+    assert writer.finished == [] and _listing(tmp_path) == ["ndp.json"]
+    assert read_manifest(tmp_path)["shards"] == []  # committed: a dataset of no shards
 
 
 def test_writer_rejects_non_packets(tmp_path):
