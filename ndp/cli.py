@@ -120,7 +120,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from ndp.index import build_index
+    from ndp.errors import ConfigError
+    from ndp.index import build_index, load_index
+    from ndp.manifest import shard_entry, write_manifest
     from ndp.shard import Shard
 
     status = 0
@@ -130,7 +132,30 @@ def _cmd_index(args: argparse.Namespace) -> int:
         for c in result.corrupt:
             print(f"  {c.describe()}")
             status = 1
+    if args.write_manifest:
+        for directory in map(Path, args.shards):
+            if not directory.is_dir():
+                raise ConfigError(f"{directory}: --write-manifest commits a directory of shards; "
+                                  f"name the directory")
+            shards = [Shard(p) for p in sorted(directory.glob(f"*{SHARD_SUFFIX}"))]
+            entries = [shard_entry(s.path, s.size, len(load_index(s, verify="full")), s.crc32())
+                       for s in shards]
+            record = {k: v for k, v in (read_manifest_or_none(directory) or {}).items()
+                      if k != "shards"}
+            path = write_manifest(directory, {**record, "shards": entries})
+            print(f"{path}: committed {len(entries)} shard(s) as they are now "
+                  f"(the dataset is what these shards hold; check it with 'ndp verify')")
     return status
+
+
+def read_manifest_or_none(directory: Path) -> dict | None:
+    """A directory's manifest, or None if it has none or it cannot be read."""
+    from ndp.manifest import read_manifest
+
+    try:
+        return read_manifest(directory)
+    except NDPError:
+        return None
 
 
 def _print_report(report) -> None:
@@ -164,13 +189,45 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _manifest_problems(directory: Path, no_manifest: bool) -> tuple[list[str], dict]:
+    """Why ``directory`` is not the whole dataset its manifest lists (one line each), and its
+    entries by shard name (to compare each shard's size and crc32 with)."""
+    from ndp.errors import ManifestError
+    from ndp.manifest import entries_by_name, listed_shards
+
+    if no_manifest:
+        return [], {}
+    try:
+        _, record = listed_shards(directory)
+    except ManifestError as exc:
+        record = read_manifest_or_none(directory)
+        return [str(exc)], entries_by_name(record) if record else {}
+    return [], entries_by_name(record)
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from ndp.inspect import inspect_shard
+    from ndp.shard import Shard
 
     failed = 0
     paths = _shard_paths(args.shards)
+    entries: dict[Path, dict] = {}
+    for directory in (Path(p) for p in args.shards if Path(p).is_dir()):
+        problems, by_name = _manifest_problems(directory, args.no_manifest)
+        entries.update({directory / name: e for name, e in by_name.items()})
+        for problem in problems:
+            failed += 1
+            print(f"FAIL  {problem}")
     for path in paths:
         report = inspect_shard(path, require_index=args.require_index)
+        entry = entries.get(path)
+        if entry is not None:
+            if report.size != entry["bytes"]:
+                report.problems.append(f"{report.size:,} bytes where the manifest recorded "
+                                       f"{entry['bytes']:,} (cut, extended or replaced)")
+            elif Shard(path).crc32() != entry["crc32"]:
+                report.problems.append("crc32 differs from the manifest's: changed after the "
+                                       "dataset was written")
         if report.ok:
             note = ("; no index (packets checked by a framing scan; `ndp index` writes one)"
                     if report.index == "missing" else "")
@@ -180,7 +237,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"FAIL  {path}: {len(report.problems)} problem(s)")
         for problem in report.problems:
             print(f"      {problem}")
-    print(f"{len(paths) - failed} passed, {failed} failed")
+    checked = len(paths) + sum(1 for p in args.shards if Path(p).is_dir() and not args.no_manifest)
+    print(f"{checked - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
@@ -244,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("index", help="rebuild sidecar indexes by a framing scan")
     p.add_argument("shards", nargs="+", help="shard files or directories")
+    p.add_argument("--write-manifest", action="store_true",
+                   help="also write each directory's ndp.json listing its shards as they are "
+                        "now: commits a directory of shards without one as a dataset")
     p.set_defaults(func=_cmd_index)
 
     p = sub.add_parser("inspect", help="packet counts, tokens, lengths, corruption")
@@ -256,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--require-index", action="store_true",
                    help="fail a shard that has no .idx beside it (by default a missing index "
                         "is reported, and the packets are checked by a framing scan)")
+    p.add_argument("--no-manifest", action="store_true",
+                   help="check the shards of a directory as they are, without its ndp.json "
+                        "(by default a directory must be the whole dataset its manifest lists)")
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("demo", help="the embedded default job: stdlib corpus end to end, offline")

@@ -1,6 +1,7 @@
 """The converter: JSONL, Parquet and text files to NDP shards (``ndp convert``)."""
 
-from ndp.convert.pipeline import MANIFEST, ConvertOptions, ConvertSummary, convert
+from ndp.convert.pipeline import ConvertOptions, ConvertSummary, convert
+from ndp.manifest import MANIFEST
 from ndp.convert.records import Example, to_example
 from ndp.convert.tokenizer import load_tokenizer
 

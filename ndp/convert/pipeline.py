@@ -3,12 +3,14 @@
 Records are read in order, tokenized in batches (the fast tokenizer encodes a batch on every
 core), cut to ``max_tokens`` (truncate or split, see ``ndp.format``) and written as packets by
 an atomic ``ShardWriter``. A bad record is skipped and counted under its reason (default) or
-stops the run (``strict``). A manifest ``ndp.json`` is written last, atomically.
+stops the run (``strict``). The dataset is built beside ``output`` and swapped in whole once
+its manifest ``ndp.json`` (the commit record, ``ndp.manifest``) is written: a run killed at any
+moment leaves ``output`` as it was (nothing, or the old dataset when overwriting), never part
+of a dataset.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -24,13 +26,13 @@ from ndp.convert.tokenizer import (
     tokenizer_info,
 )
 from ndp.errors import ConfigError, RecordError
-from ndp.format import SHARD_SUFFIX, SHARD_VERSION, Dst, Src, max_tokens_per_packet, token_typ
+from ndp.format import Dst, Src, max_tokens_per_packet, token_typ
+from ndp.manifest import staged_output
 from ndp.packet import encode_tokens
 from ndp.progress import progress_bar
 from ndp.shard import ShardWriter
 
 log = logging.getLogger("ndp.convert")
-MANIFEST = "ndp.json"
 OVERFLOW_RULES = ("truncate", "split")
 
 
@@ -88,21 +90,6 @@ class ConvertSummary:
         )
 
 
-def _check_output(output: Path, overwrite: bool) -> None:
-    old = sorted(output.glob(f"*{SHARD_SUFFIX}")) if output.is_dir() else []
-    if output.exists() and not output.is_dir():
-        raise ConfigError(f"output {output} is a file; the converter writes a directory")
-    if old and not overwrite:
-        raise ConfigError(
-            f"{output} already holds {len(old)} shard(s); choose another directory or pass "
-            "--overwrite to replace them"
-        )
-    for shard in old:
-        shard.unlink()
-        Path(str(shard) + ".idx").unlink(missing_ok=True)
-    (output / MANIFEST).unlink(missing_ok=True)
-
-
 def convert(
     inputs: list[str | os.PathLike],
     output: str | os.PathLike,
@@ -136,7 +123,6 @@ def convert(
             f"16 bits); with --overflow split, longer documents continue in further packets"
         )
     out_dir = Path(output)
-    _check_output(out_dir, opts.overwrite)
     render = chat_renderer(tok)
     summary = ConvertSummary(output=str(out_dir), tokenizer=tokenizer, token_width=width)
     started = time.perf_counter()
@@ -176,47 +162,39 @@ def convert(
                 summary.tokens += hi - lo
         batch.clear()
 
-    writer = ShardWriter(out_dir, max_shard_bytes=opts.max_shard_bytes)
-    with writer, bar:
-        batch: list[Example] = []
-        for where, record, nbytes in read_inputs(files, text_unit=opts.text_unit):
-            summary.input_bytes += nbytes
-            bar.update(nbytes)
-            try:
-                if isinstance(record, RecordError):
-                    raise record
-                batch.append(to_example(record, where, render_chat=render))
-            except RecordError as err:
-                skip(err)
-                continue
-            if len(batch) >= opts.batch_size:
-                flush(batch, writer)
-        flush(batch, writer)
-    summary.shards = [str(s.path) for s in writer.finished]
-    summary.bytes = sum(s.size for s in writer.finished)
-    summary.seconds = time.perf_counter() - started
-    _write_manifest(out_dir, summary, info, opts, writer)
+    with staged_output(out_dir, overwrite=opts.overwrite) as stage:
+        writer = ShardWriter(stage, max_shard_bytes=opts.max_shard_bytes)
+        with writer, bar:
+            batch: list[Example] = []
+            for where, record, nbytes in read_inputs(files, text_unit=opts.text_unit):
+                summary.input_bytes += nbytes
+                bar.update(nbytes)
+                try:
+                    if isinstance(record, RecordError):
+                        raise record
+                    batch.append(to_example(record, where, render_chat=render))
+                except RecordError as err:
+                    skip(err)
+                    continue
+                if len(batch) >= opts.batch_size:
+                    flush(batch, writer)
+            flush(batch, writer)
+            writer.finish()
+            summary.shards = [str(out_dir / s.path.name) for s in writer.finished]
+            summary.bytes = sum(s.size for s in writer.finished)
+            summary.seconds = time.perf_counter() - started
+            writer.commit(_manifest(summary, info, opts))
     return summary
 
 
-def _write_manifest(out_dir: Path, summary: ConvertSummary, info, opts, writer) -> None:
-    manifest = {
-        "format_version": SHARD_VERSION,
+def _manifest(summary: ConvertSummary, info, opts: ConvertOptions) -> dict:
+    """What the manifest records besides the shards (``ShardWriter.commit`` adds them)."""
+    return {
         "tokenizer": asdict(info),
         "token_width": summary.token_width,
         "max_tokens": opts.max_tokens,
         "overflow": opts.overflow,
         "src": opts.src.name,
         "dst": opts.dst.name,
-        "shards": [
-            {"name": s.path.name, "bytes": s.size, "packets": s.packets, "crc32": s.crc32}
-            for s in writer.finished
-        ],
         "summary": {k: v for k, v in asdict(summary).items() if k not in ("shards",)},
     }
-    tmp = out_dir / (MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out_dir / MANIFEST)

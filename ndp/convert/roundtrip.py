@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ndp.convert.pipeline import MANIFEST
+from ndp.manifest import MANIFEST
 from ndp.convert.records import to_example
 from ndp.convert.sources import read_inputs
 from ndp.convert.tokenizer import chat_renderer, load_tokenizer

@@ -6,7 +6,6 @@ The formats and the document rules are specified in ``ndp.convert.tokenfiles``.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -14,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ndp.convert.pipeline import MANIFEST, _check_output
+from ndp.manifest import staged_output
 from ndp.convert.sources import expand_inputs
 from ndp.convert.tokenfiles import (
     DEFAULT_SPLIT,
@@ -118,40 +117,42 @@ def convert_token_files(
     plans = [_source_plan(read_token_file(p, fmt), eos_token_id, split) for p in files]
     width = 2 if max(p["max_id"] for p in plans) < 1 << 16 else 4
     out_dir = Path(output)
-    _check_output(out_dir, overwrite)
     summary = TokenConvertSummary(output=str(out_dir), token_width=width, files=plans)
     started = time.perf_counter()
     bar = progress_bar(total=sum(p["tokens"] for p in plans), unit="tok", unit_scale=True,
                        desc="convert", enabled=progress)
-    writer = ShardWriter(out_dir, max_shard_bytes=max_shard_bytes)
-    with writer, bar:
-        for path, plan in zip(files, plans):
-            tf = read_token_file(path, plan["format"])
-            summary.input_bytes += path.stat().st_size
-            cap = max_tokens_per_packet(token_typ(width=width, masked=tf.mask is not None))
-            bounds = document_bounds(tf.tokens, plan["eos_token_id"], plan["split"])
-            plan["documents"] = len(bounds) - 1
-            for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                summary.continued += b - a > cap
-                for lo in range(a, b, cap):
-                    hi = min(b, lo + cap)
-                    mask = None if tf.mask is None else tf.mask[lo:hi]
-                    writer.write(encode_tokens(tf.tokens[lo:hi], width=width, mask=mask,
-                                               src=src, dst=dst))
-                    summary.packets += 1
-                    summary.masked_packets += mask is not None
-                bar.update(b - a)
-            summary.documents += plan["documents"]
-            summary.tokens += plan["tokens"]
-            del tf
-    summary.shards = [str(s.path) for s in writer.finished]
-    summary.bytes = sum(s.size for s in writer.finished)
-    summary.seconds = time.perf_counter() - started
-    _write_json(out_dir / MANIFEST, _manifest(summary, writer, src, dst))
+    with staged_output(out_dir, overwrite=overwrite) as stage:
+        writer = ShardWriter(stage, max_shard_bytes=max_shard_bytes)
+        with writer, bar:
+            for path, plan in zip(files, plans):
+                tf = read_token_file(path, plan["format"])
+                summary.input_bytes += path.stat().st_size
+                cap = max_tokens_per_packet(token_typ(width=width, masked=tf.mask is not None))
+                bounds = document_bounds(tf.tokens, plan["eos_token_id"], plan["split"])
+                plan["documents"] = len(bounds) - 1
+                for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                    summary.continued += b - a > cap
+                    for lo in range(a, b, cap):
+                        hi = min(b, lo + cap)
+                        mask = None if tf.mask is None else tf.mask[lo:hi]
+                        writer.write(encode_tokens(tf.tokens[lo:hi], width=width, mask=mask,
+                                                   src=src, dst=dst))
+                        summary.packets += 1
+                        summary.masked_packets += mask is not None
+                    bar.update(b - a)
+                summary.documents += plan["documents"]
+                summary.tokens += plan["tokens"]
+                del tf
+            writer.finish()
+            summary.shards = [str(out_dir / s.path.name) for s in writer.finished]
+            summary.bytes = sum(s.size for s in writer.finished)
+            summary.seconds = time.perf_counter() - started
+            writer.commit(_manifest(summary, src, dst))
     return summary
 
 
-def _manifest(summary: TokenConvertSummary, writer: ShardWriter, src: Src, dst: Dst) -> dict:
+def _manifest(summary: TokenConvertSummary, src: Src, dst: Dst) -> dict:
+    """What the manifest records besides the shards (``ShardWriter.commit`` adds them)."""
     eos = {p["eos_token_id"] for p in summary.files}
     vocab = {p["vocab_size"] for p in summary.files}
     masked = any(p["masked"] for p in summary.files)
@@ -168,18 +169,5 @@ def _manifest(summary: TokenConvertSummary, writer: ShardWriter, src: Src, dst: 
         "overflow": "split",
         "src": src.name,
         "dst": dst.name,
-        "shards": [{"name": s.path.name, "bytes": s.size, "packets": s.packets, "crc32": s.crc32}
-                   for s in writer.finished],
         "summary": {k: v for k, v in asdict(summary).items() if k not in ("shards", "files")},
     }
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
