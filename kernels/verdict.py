@@ -6,6 +6,12 @@ reason is >= 1, so the two never meet). One array says everything the host needs
 batches (which rows, how many tokens, which windows) and to count every drop by reason, so a
 decode needs one device-to-host copy of it and no other.
 
+Besides the packet checks (``crc16.packet_status``), a valid token packet a model cannot take is
+dropped: one with no tokens (``EMPTY``) and one holding an id at or past ``vocab`` (``TOKEN_RANGE``;
+the Loader passes the vocabulary size of the dataset's manifest, else ``2**31``, which an int32
+id with its top bit set is past). The scan of the ids is skipped when every id of the packet's
+width is below ``vocab``.
+
 ``limits[k]`` is where packet ``k``'s shard ends inside ``shard`` (packets staged from several
 shards into one buffer: each one's verdict must be the one it gets in its own shard, so a LEN
 running past its shard's end is TRUNCATED even if other bytes follow in the buffer); an empty
@@ -18,11 +24,15 @@ import numpy as np
 
 from ndp.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
 from ndp.kernels._jit import cpu_kernel
-from ndp.kernels.build import token_layout
+from ndp.kernels.build import token_at, token_layout
 from ndp.kernels.crc16 import CRC16_TABLES, VALIDATE_GRAIN, packet_status
 from ndp.threads import parallel_for
 
 OK = int(DropReason.OK)
+EMPTY = int(DropReason.EMPTY)
+TOKEN_RANGE = int(DropReason.TOKEN_RANGE)
+#: the id limit when no vocabulary size is known: ids must fit int32
+NO_VOCAB = 1 << 31
 
 
 @cpu_kernel
@@ -34,7 +44,20 @@ def verdict_of(status, n_tokens):  # pragma: no cover - compiled
 
 
 @cpu_kernel
-def _verdicts(shard, offsets, limits, out, tables, w_t, m_t, s_t, lo, hi):  # pragma: no cover
+def usable(n, tok, width, shard, vocab):  # pragma: no cover - compiled
+    """OK, EMPTY or TOKEN_RANGE for a valid packet of ``n`` tokens from byte ``tok``."""
+    if n == 0:
+        return EMPTY
+    if vocab < (np.int64(1) << (8 * width)):
+        for t in range(n):
+            if token_at(shard, tok, t, width) >= vocab:
+                return TOKEN_RANGE
+    return OK
+
+
+@cpu_kernel
+def _verdicts(shard, offsets, limits, out, tables, w_t, m_t, s_t, vocab,
+              lo, hi):  # pragma: no cover - compiled
     size = shard.shape[0]
     for k in range(lo, hi):
         off = np.int64(offsets[k])
@@ -44,16 +67,18 @@ def _verdicts(shard, offsets, limits, out, tables, w_t, m_t, s_t, lo, hi):  # pr
         status = packet_status(shard[:limit], off, tables, w_t, m_t, s_t)
         n = np.int64(0)
         if status == OK:
-            n = token_layout(shard, off, w_t, m_t)[0]
+            n, tok, _, width = token_layout(shard, off, w_t, m_t)
+            status = usable(n, tok, width, shard, vocab)
         out[k] = verdict_of(status, n)
 
 
 def verdicts_cpu(shard: np.ndarray, offsets: np.ndarray, limits: np.ndarray,
-                 out: np.ndarray) -> None:
-    """The verdict of the packet at each of ``offsets`` into ``out`` (int64, same length).
-    Synchronous; allocates nothing; runs on ndp's host threads."""
+                 out: np.ndarray, vocab: int = NO_VOCAB) -> None:
+    """The verdict of the packet at each of ``offsets`` into ``out`` (int64, same length);
+    ids must be below ``vocab``. Synchronous; allocates nothing; runs on ndp's host threads."""
     parallel_for(_verdicts, offsets.shape[0], shard, offsets, limits, out, CRC16_TABLES,
-                 TYP_WIDTH_TABLE, TYP_MASKED_TABLE, TYP_SKIP_TABLE, grain=VALIDATE_GRAIN)
+                 TYP_WIDTH_TABLE, TYP_MASKED_TABLE, TYP_SKIP_TABLE, np.int64(vocab),
+                 grain=VALIDATE_GRAIN)
 
 
 def status_of(verdicts: np.ndarray) -> np.ndarray:

@@ -30,12 +30,14 @@ class Chunk:
 
 
 class ChunkDecoder:
-    """Decodes chunks of ``chunk_batches`` batches with ``engine``, staging with ``stager``."""
+    """Decodes chunks of ``chunk_batches`` batches with ``engine``, staging with ``stager``;
+    a packet with no tokens or with an id at or past ``vocab`` is dropped (``EMPTY``,
+    ``TOKEN_RANGE``)."""
 
     def __init__(self, engine: CpuEngine, stager: Any, plan: Plan, *, pad_token_id: int,
-                 chunk_batches: int) -> None:
+                 chunk_batches: int, vocab: int) -> None:
         self.engine, self.stager, self.plan = engine, stager, plan
-        self.pad_token_id = pad_token_id
+        self.pad_token_id, self.vocab = pad_token_id, vocab
         self.chunk_batches = chunk_batches
 
     def decode(self, slot: Slot, share: np.ndarray, pos: int, tok: int, counted_upto: int,
@@ -58,7 +60,7 @@ class ChunkDecoder:
                     raise
                 batches = max(1, batches // 2)  # fewer batches, fewer shards at once
                 continue
-            engine.submit_verdicts(staged, slot)
+            engine.submit_verdicts(staged, slot, self.vocab)
             if self.stager.prefetches:  # the next chunk's first shards, while this decodes
                 self.stager.prefetch(share[q: plan.chunk_end(share, q, 0, 1)])
             verdicts = engine.read_verdicts(slot, staged.n)

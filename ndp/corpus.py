@@ -100,6 +100,9 @@ class Corpus:
         shard_group = [g for g, (ps, _) in enumerate(grouped) for _ in ps]
         #: the manifests of the directories read (``ndp.json``, as dicts)
         self.manifests = [m for _, ms in grouped for m in ms]
+        #: the largest vocabulary size the manifests record (None if none does)
+        sizes = [m.get("tokenizer", {}).get("vocab_size") for m in self.manifests]
+        self.vocab_size = max([v for v in sizes if isinstance(v, int) and v > 0], default=None)
         self.paths = [p for p, _ in pairs]
         if not self.paths:
             raise ConfigError("no shards given")

@@ -112,8 +112,9 @@ class CudaEngine(CpuEngine):
         return launcher
 
     # ------------------------------------------------------------------------------- kernels
-    def submit_verdicts(self, staged: Staged, slot: Slot) -> None:
-        """Queue the verdict kernel and the copy of the verdicts back (no wait)."""
+    def submit_verdicts(self, staged: Staged, slot: Slot, vocab: int) -> None:
+        """Queue the verdict kernel (ids must be below ``vocab``) and the copy of the verdicts
+        back (no wait)."""
         verdict_cuda, _ = _kernels()
         n = staged.n
         dev, host = self.scratch(slot, "verdicts", n, np.int64)
@@ -122,7 +123,7 @@ class CudaEngine(CpuEngine):
             self.launch(verdict_cuda.verdicts_cuda, n, verdict_cuda.VERDICT_BLOCK,
                         verdict_cuda.VERDICT_BLOCK)(
                 staged.data, staged.offsets, staged.limits, dev[:n], t["crc"], t["width"],
-                t["masked"], t["skip"])
+                t["masked"], t["skip"], np.int64(vocab))
             self.d2h(host[:n], dev[:n])
             self._done.record(self.compute_stream)
 

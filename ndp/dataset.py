@@ -8,8 +8,9 @@
             ...
 
 Item ``i`` is the ``i``-th kept packet in global order (shards in name order): every packet is
-validated once at construction, the corrupt ones are left out (counted by ``DropReason`` in
-``stats``), then CRC-Drop removes a seeded fraction on purpose. Items are NumPy arrays (this
+validated once at construction, the corrupt ones, and those a model cannot take (no tokens, or a
+token id past the vocabulary size, as the ``Loader`` drops them), are left out (counted by
+``DropReason`` in ``stats``), then CRC-Drop removes a seeded fraction on purpose. Items are NumPy arrays (this
 module does not import torch); DataLoader's default collate turns them into tensors. The
 dataset pickles without its memory-mapped shards, which each worker reopens on first use.
 
@@ -30,11 +31,11 @@ import numba
 import numpy as np
 
 from ndp.corpus import Corpus, PathLike
-from ndp.decode import validate
 from ndp.errors import ConfigError, IndexMismatchError
 from ndp.format import IGNORE_INDEX, TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
 from ndp.kernels.build import in_loss, token_at, token_layout
 from ndp.kernels.crc16 import CRC16_TABLES, packet_status
+from ndp.kernels.verdict import NO_VOCAB, status_of, verdicts_cpu
 from ndp.order import drop_mask
 
 
@@ -67,7 +68,8 @@ class NDPDataset:
     on purpose, a new draw per ``set_epoch``, deterministic per ``seed``. ``on_stale`` is
     ``Corpus``'s: "rebuild" rescans a shard whose index does not match it, "error" refuses it.
     A directory must be the whole dataset its manifest ``ndp.json`` lists unless ``manifest``
-    is "ignore" (``ndp.manifest``).
+    is "ignore" (``ndp.manifest``). ``vocab_size`` (else the manifest's, else 2**31): token ids
+    must be below it.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class NDPDataset:
         epoch: int = 0,
         on_stale: str = "rebuild",
         manifest: str = "check",
+        vocab_size: int | None = None,
     ) -> None:
         if max_seq_length < 1:
             raise ConfigError(f"max_seq_length must be >= 1, got {max_seq_length}")
@@ -98,11 +101,15 @@ class NDPDataset:
         corpus = self._corpus
         self._paths = list(corpus.paths)
         self._n_packets = corpus.n_packets
+        vocab = vocab_size or corpus.vocab_size or NO_VOCAB
         status = np.empty(corpus.n_packets, np.uint8)
         for s, shard in enumerate(corpus.shards):
             lo, hi = corpus.base[s], corpus.base[s + 1]
             if hi > lo:
-                status[lo:hi] = validate(shard.data, corpus.offsets[lo:hi])
+                verdicts = np.empty(hi - lo, np.int64)
+                verdicts_cpu(shard.data, corpus.offsets[lo:hi], np.zeros(0, np.int64),
+                             verdicts, vocab)
+                status[lo:hi] = status_of(verdicts)
         self._valid = status == DropReason.OK
         counts = np.bincount(status, minlength=len(DropReason))
         self._corrupt = {DropReason(c).name: int(n) for c, n in enumerate(counts)

@@ -19,8 +19,12 @@ import numpy as np
 
 from ndp.counters import Counters
 from ndp.errors import ConfigError
+from ndp.format import DropReason
 from ndp.kernels.build import build_packed_cpu, build_packing_cpu, build_padded_cpu
 from ndp.kernels.verdict import verdicts_cpu
+
+#: a ``vocab`` no id reaches (ids are at most 32 bits): no range check
+NO_LIMIT = 1 << 32
 
 #: the outputs of each mode, (name, dtype); "cu_seqlens" is 1-D, the others (rows, columns)
 OUTPUTS = {
@@ -121,21 +125,25 @@ class CpuEngine:
 
 
     # ------------------------------------------------------------------------------- kernels
-    def submit_verdicts(self, staged: Staged, slot: Slot) -> None:
-        """Start computing each staged packet's verdict (``ndp.kernels.verdict``); on the CPU
-        this is the whole computation."""
+    def submit_verdicts(self, staged: Staged, slot: Slot, vocab: int) -> None:
+        """Start computing each staged packet's verdict (``ndp.kernels.verdict``; ids must be
+        below ``vocab``); on the CPU this is the whole computation."""
         _, out = self.scratch(slot, "verdicts", staged.n, np.int64)
         self.counters.launches += 1
-        verdicts_cpu(staged.data, staged.offsets, staged.limits, out[:staged.n])
+        verdicts_cpu(staged.data, staged.offsets, staged.limits, out[:staged.n], vocab)
 
     def read_verdicts(self, slot: Slot, n: int) -> np.ndarray:
         """The verdicts ``submit_verdicts`` computed, on the host."""
         return slot.scratch["verdicts"][1][:n]
 
-    def verdicts(self, staged: Staged, slot: Slot) -> np.ndarray:
-        """Each staged packet's verdict, on the host (submit, then read)."""
-        self.submit_verdicts(staged, slot)
-        return self.read_verdicts(slot, staged.n)
+    def format_verdicts(self, staged: Staged, slot: Slot) -> np.ndarray:
+        """Each staged packet's verdict by the format alone, on the host (submit, then read):
+        what ``ndp.decode`` delivers, so a token packet with no tokens or with any ids is
+        valid (the Loader drops those a model cannot take, ``submit_verdicts``' ``vocab``)."""
+        self.submit_verdicts(staged, slot, NO_LIMIT)
+        verdicts = self.read_verdicts(slot, staged.n)
+        verdicts[verdicts == -DropReason.EMPTY] = 0
+        return verdicts
 
     def upload(self, slot: Slot, name: str, values: np.ndarray) -> Any:
         """``values`` where the kernels read them (the CPU reads host memory as it is)."""

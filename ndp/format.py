@@ -160,6 +160,9 @@ class DropReason(enum.IntEnum):
     BAD_LENGTH = 4  # LEN does not fit the TYP's payload layout
     NOT_TOKENS = 5  # a valid packet whose TYP is not a token encoding (FLOAT16, BFLOAT16)
     UNKNOWN_TYPE = 6  # a valid packet with a reserved TYP
+    # a valid token packet a model cannot take (the Loader's verdicts; ``ndp.kernels.verdict``):
+    EMPTY = 7  # no tokens: its row would be all padding, a loss of 0/0
+    TOKEN_RANGE = 8  # a token id at or past the vocabulary size (an embedding would fail)
 
 
 #: token width in bytes per token TYP; the decoder's lookup table (0 = not a token TYP).

@@ -117,7 +117,7 @@ class CudaDecoder:
             raise ConfigError(f"max_seq_length must be >= 1, got {max_seq_length}")
         engine = self.engine
         slot, staged = self._stage(source, offsets)
-        verdicts = engine.verdicts(staged, slot)
+        verdicts = engine.format_verdicts(staged, slot)
         rows = np.flatnonzero(verdicts >= 0).astype(np.int64)
         outs = engine.outputs(slot, "padded", rows.shape[0], max_seq_length)
         engine.build_padded(staged, slot, rows, pad_token_id, outs)
@@ -139,7 +139,7 @@ class CudaDecoder:
             raise ConfigError(f"batch_size and seq_len must be >= 1, got {batch_size}, {seq_len}")
         engine = self.engine
         slot, staged = self._stage(source, offsets)
-        verdicts = engine.verdicts(staged, slot)
+        verdicts = engine.format_verdicts(staged, slot)
         rows = np.flatnonzero(verdicts >= 0).astype(np.int64)
         cum = np.concatenate([[0], np.cumsum(tokens_of(verdicts)[rows])]).astype(np.int64)
         total = int(cum[-1])

@@ -30,6 +30,11 @@ Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard g
 (``mix_by="group"``), or ``mix={"TEXT_CORPUS": 1, "CODE_REPO": 1}`` by packet SRC
 (``mix_by="src"``); every source needs a weight (0 leaves it out, counted).
 
+A packet a model cannot take is dropped and counted like a corrupt one: one with no tokens
+(``EMPTY``: its row would be all padding, a loss of 0/0) and one with a token id at or past the
+vocabulary size (``TOKEN_RANGE``): ``vocab_size=``, else the one the dataset's manifest records,
+else 2**31 (an int32 id with its top bit set).
+
 A directory is read only as the whole dataset its manifest ``ndp.json`` lists (``ndp.manifest``:
 a conversion killed half way leaves none, and is refused); ``manifest="ignore"`` reads a
 directory of shards without one on purpose.
@@ -73,6 +78,7 @@ from ndp.backend import resolve_backend
 from ndp.chunks import ChunkDecoder
 from ndp.corpus import Corpus
 from ndp.engine import CpuEngine
+from ndp.kernels.verdict import NO_VOCAB
 from ndp.errors import ConfigError, DataError, LoaderUsageError
 from ndp.order import drop_mask, rank_and_world
 from ndp.plan import Plan
@@ -127,14 +133,16 @@ class Loader:
         mix_by: str = "group",
         verify: str = "size",
         manifest: str = "check",
+        vocab_size: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         for name, value, least in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1),
                                    ("prefetch", prefetch, 0), ("seed", seed, 0),
                                    ("pad_token_id", pad_token_id, None),
-                                   ("chunk_batches", chunk_batches, 1)):
-            if value is None and name == "chunk_batches":
+                                   ("chunk_batches", chunk_batches, 1),
+                                   ("vocab_size", vocab_size, 1)):
+            if value is None and name in ("chunk_batches", "vocab_size"):
                 continue
             if not isinstance(value, numbers.Integral) or isinstance(value, bool):
                 raise ConfigError(f"{name} must be an integer, got {value!r}")
@@ -146,6 +154,9 @@ class Loader:
         self.backend = resolve_backend(backend)
         self.corpus = data if isinstance(data, Corpus) else Corpus(
             data, verify=verify, manifest=manifest)
+        #: token ids must be below this: ``vocab_size``, else the dataset's manifest's, else
+        #: 2**31 (an id must fit int32); a packet with one past it is dropped (TOKEN_RANGE)
+        self.vocab_size = vocab_size or self.corpus.vocab_size or NO_VOCAB
         self.mode, self.batch_size, self.seq_len = mode, batch_size, seq_len
         self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
         self.rank, self.world_size = rank_and_world(rank, world_size)
@@ -175,7 +186,7 @@ class Loader:
         self._ring = Ring(self.engine, max(1, prefetch) + 3, output=output)
         self._producer = _Producer(self.plan, ChunkDecoder(
             self.engine, stager, self.plan, pad_token_id=pad_token_id,
-            chunk_batches=self.chunk_batches), self._ring)
+            chunk_batches=self.chunk_batches, vocab=self.vocab_size), self._ring)
         self._state = {"epoch": 0, "pos": 0, "tok": 0, "batch": 0}
         self.stats = LoaderStats(
             corrupt_regions=len(self.corpus.corruption),
@@ -196,6 +207,7 @@ class Loader:
                 "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
                 "mix": self.plan.mix_spec, "fingerprint": self.corpus.fingerprint,
+                "vocab_size": self.vocab_size,
                 **self._state}
 
     def load_state_dict(self, state: dict) -> None:

@@ -18,7 +18,7 @@ from ndp.plan import Plan
 
 #: the settings a state must have been made with, besides the dataset
 SETTINGS = ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
-            "crc_drop_rate", "n_packets", "mix")
+            "crc_drop_rate", "n_packets", "mix", "vocab_size")
 
 
 def _int(state: dict, key: str) -> int:
@@ -55,6 +55,8 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
             f"{mine['fingerprint']!r} (other shards, sizes or contents): its positions would "
             f"mean other packets; resume on the dataset it was made on")
     for key in SETTINGS:
+        if key == "vocab_size" and version in (1, 2):
+            continue  # older states did not record it
         if state.get(key) != mine[key]:
             raise LoaderStateError(f"loader state has {key}={state.get(key)!r}, this loader "
                                    f"{mine[key]!r}; resume with the same settings and shards")

@@ -127,7 +127,8 @@ def test_every_packet_is_accounted_for_each_epoch(corpus, mode):
     epochs(loader, 1)
     s = loader.stats
     assert s.packets == N_PACKETS and s.valid + sum(s.corrupt.values()) == N_PACKETS
-    assert s.corrupt == {"BAD_CRC": len(DAMAGED)}
+    empty = sum(1 for k, n in enumerate(LENGTHS) if n == 0 and k not in DAMAGED)
+    assert empty and s.corrupt == {"BAD_CRC": len(DAMAGED), "EMPTY": empty}
     intact = sum(n for k, n in enumerate(LENGTHS) if k not in DAMAGED)
     leftover = s.unused_tokens if mode == "packed" else s.truncated_tokens
     assert s.tokens + leftover == intact

@@ -24,7 +24,7 @@ from ndp.packet import encode_packet, encode_tokens
 
 from ndp_test_helpers import flip_bit, ramp, ramp_specs, write_shards
 
-LENGTHS = [5, 0, 17, 1, 64, 33, 8, 9, 100, 2, 40, 7]
+LENGTHS = [5, 3, 17, 1, 64, 33, 8, 9, 100, 2, 40, 7]  # no empty packet: dropped (test_loader_rules)
 WIDTHS = [4, 2] * 6
 MASKED = [False, False, True, True, False, True, False, False, True, False, False, True]
 SEQ = 20

@@ -20,7 +20,7 @@ from ndp.kernels import build_cuda, verdict_cuda
 from ndp.kernels.build import build_packed_cpu, build_packing_cpu, build_padded_cpu
 from ndp.kernels.crc16 import CRC16_TABLES, validate_packets_cpu
 from ndp.kernels.stage import gather_packets, staged_size
-from ndp.kernels.verdict import status_of, tokens_of, verdicts_cpu
+from ndp.kernels.verdict import NO_VOCAB, status_of, tokens_of, verdicts_cpu
 
 from ndp_test_helpers import base_stream, corrupt, corruption, drop_case
 
@@ -32,18 +32,21 @@ TABLES = cuda.to_device(CRC16_TABLES)
 NO_LIMITS = cuda.device_array(0, np.int64)
 
 
-def gpu_verdicts(data: np.ndarray, offsets: np.ndarray, limits=None, grid: int = 2) -> np.ndarray:
+def gpu_verdicts(data: np.ndarray, offsets: np.ndarray, limits=None, grid: int = 2,
+                 vocab: int = NO_VOCAB) -> np.ndarray:
     out = cuda.device_array(offsets.shape[0], np.int64)
     lim = NO_LIMITS if limits is None else cuda.to_device(limits)
     verdict_cuda.verdicts_cuda[grid, BLOCK](
-        cuda.to_device(data), cuda.to_device(offsets), lim, out, TABLES, W, M, S
+        cuda.to_device(data), cuda.to_device(offsets), lim, out, TABLES, W, M, S,
+        np.int64(vocab)
     )
     return out.copy_to_host()
 
 
-def cpu_verdicts(data: np.ndarray, offsets: np.ndarray, limits=None) -> np.ndarray:
+def cpu_verdicts(data: np.ndarray, offsets: np.ndarray, limits=None,
+                 vocab: int = NO_VOCAB) -> np.ndarray:
     out = np.empty(offsets.shape[0], np.int64)
-    verdicts_cpu(data, offsets, np.zeros(0, np.int64) if limits is None else limits, out)
+    verdicts_cpu(data, offsets, np.zeros(0, np.int64) if limits is None else limits, out, vocab)
     return out
 
 
