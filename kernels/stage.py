@@ -68,17 +68,3 @@ def gather_packets(
     parallel_for(_gather, offsets.shape[0], shard, offsets, sizes, starts, dst, new_offsets,
                  limits, grain=GATHER_GRAIN)
 
-
-#: bytes per thread at least when copying a shard into a pinned buffer
-COPY_GRAIN = 4 << 20
-
-
-@cpu_kernel
-def _copy(src, dst, lo, hi):  # pragma: no cover - compiled
-    dst[lo:hi] = src[lo:hi]
-
-
-def copy_bytes(src: np.ndarray, dst: np.ndarray) -> None:
-    """``dst[:] = src`` (same length), split across ndp's host threads: moving a shard from the
-    page cache into pinned memory is a memory-bound copy one core does not saturate."""
-    parallel_for(_copy, src.shape[0], src, dst, grain=COPY_GRAIN)

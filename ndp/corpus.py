@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ndp.errors import ConfigError
-from ndp.format import MASK_COUNT_BYTES, SHARD_SUFFIX, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
+from ndp.format import FRAME_BYTES, MASK_COUNT_BYTES, SHARD_SUFFIX, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
 from ndp.index import Corruption, check_headers, load_index_and_scan
 from ndp.manifest import ManifestError, entries_by_name, listed_shards
 from ndp.shard import Shard
@@ -72,7 +72,7 @@ def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
 
 
 class Corpus:
-    """Shards opened (memory-mapped) with their verified indexes.
+    """Shards opened (read with pread, ``ndp.files``) with their verified indexes.
 
     ``paths``: a shard, a directory of shards, a list of them, or a dict naming groups of them
     (``{"code": "data/code/", "chat": ["a.ndp", "b.ndp"]}``) for mixing by group.
@@ -123,6 +123,7 @@ class Corpus:
             self.indexes.append(index)
             if scan is not None:
                 self.corruption.extend((shard.path, c) for c in scan.corrupt)
+            shard.close()  # a rebuild scanned its mapping: read on with pread, files closed
         for (path, entry), index in zip(pairs, self.indexes):
             if entry is not None and (index.shard_crc32 != entry["crc32"]
                                       or len(index) != entry.get("packets", len(index))):
@@ -139,6 +140,9 @@ class Corpus:
         self.offsets = np.concatenate([e["offset"].astype(np.int64) for e in entries]) \
             if entries else np.zeros(0, np.int64)
         self.src = np.concatenate([e["src"] for e in entries])
+        #: each packet's frame in its file, as its index entry says: 6 + LEN + 2 bytes
+        self.frame_bytes = np.concatenate(
+            [e["length"].astype(np.int64) + FRAME_BYTES for e in entries])
         #: whether every entry was checked against its packet's header when loaded ("full");
         #: else ``check_headers`` checks the packets as they are decoded
         self.headers_checked = verify == "full"
@@ -161,23 +165,27 @@ class Corpus:
         """Shard number of each global packet number."""
         return np.searchsorted(self.base, packets, side="right") - 1
 
-    def check_headers(self, packets: np.ndarray) -> None:
+    def check_headers(self, packets: np.ndarray, data: np.ndarray | None = None,
+                      at: np.ndarray | None = None) -> None:
         """``IndexMismatchError`` if a packet's header disagrees with its index entry (LEN,
         SRC, DST, TYP): what an index matched by size alone leaves to be checked when the
-        packets are read. Nothing to do when the indexes were checked whole at load."""
+        packets are read. ``data``/``at``: the packets' bytes already read (host staging:
+        packet ``k`` at ``data[at[k]:]``), else their headers are read from the files.
+        Nothing to do when the indexes were checked whole at load."""
         if self.headers_checked or packets.shape[0] == 0:
             return
         shard_ids = self.shard_of(packets)
         for s in np.unique(shard_ids).tolist():
-            local = packets[shard_ids == s] - self.base[s]
+            mine = shard_ids == s
+            local = packets[mine] - self.base[s]
             check_headers(self.indexes[s].entries, local, self.shards[s],
-                          where=self.shards[s].index_path)
+                          where=self.shards[s].index_path, data=data,
+                          at=None if at is None else at[mine])
 
     def close(self) -> None:
+        """Close every shard's file (a new read opens it again)."""
         for shard in self.shards:
-            close = getattr(shard, "close", None)
-            if close is not None:
-                close()
+            shard.close()
 
     def __repr__(self) -> str:
         return f"Corpus({len(self.shards)} shards, {self.n_packets} packets)"

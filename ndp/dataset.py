@@ -12,7 +12,8 @@ validated once at construction, the corrupt ones, and those a model cannot take 
 token id past the vocabulary size, as the ``Loader`` drops them), are left out (counted by
 ``DropReason`` in ``stats``), then CRC-Drop removes a seeded fraction on purpose. Items are NumPy arrays (this
 module does not import torch); DataLoader's default collate turns them into tensors. The
-dataset pickles without its memory-mapped shards, which each worker reopens on first use.
+dataset pickles without its open shards, which each worker reopens on first use; an item is one
+pread(2) of its packet (``ndp.files``).
 
 Items are decoded by a serial kernel built from the same helpers as ``decode_padded`` (so the
 rows are the same, bit for bit): a single packet gains nothing from ndp's thread pool.
@@ -107,8 +108,8 @@ class NDPDataset:
             lo, hi = corpus.base[s], corpus.base[s + 1]
             if hi > lo:
                 verdicts = np.empty(hi - lo, np.int64)
-                verdicts_cpu(shard.data, corpus.offsets[lo:hi], np.zeros(0, np.int64),
-                             verdicts, vocab)
+                verdicts_cpu(shard.read(0, shard.size), corpus.offsets[lo:hi],
+                             np.zeros(0, np.int64), verdicts, vocab)
                 status[lo:hi] = status_of(verdicts)
         self._valid = status == DropReason.OK
         counts = np.bincount(status, minlength=len(DropReason))
@@ -185,7 +186,8 @@ class NDPDataset:
         s = int(corpus.shard_of(np.array([g]))[0])
         row = {k: np.empty(self.max_seq_length, np.int64)
                for k in ("input_ids", "labels", "attention_mask")}
-        status = _padded_row(corpus.shards[s].data, corpus.offsets[g], self.pad_token_id,
+        frame = corpus.shards[s].read(int(corpus.offsets[g]), int(corpus.frame_bytes[g]))
+        status = _padded_row(frame, 0, self.pad_token_id,
                              row["input_ids"], row["labels"], row["attention_mask"],
                              CRC16_TABLES, TYP_WIDTH_TABLE, TYP_MASKED_TABLE, TYP_SKIP_TABLE)
         if status != DropReason.OK:
@@ -195,7 +197,7 @@ class NDPDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_corpus"] = None  # memmaps would pickle as full copies of the shards
+        state["_corpus"] = None  # reopened by each worker
         if not _spawning():  # outside a worker's start shared memory cannot travel: a number
             state["_shared_epoch"] = self.epoch
         return state

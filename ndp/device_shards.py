@@ -13,9 +13,10 @@ its limit is its shard's end there, so its verdict is the one it gets in its own
   (the copy stream waits on an event), and kernels wait for their shards' copies the same way:
   the host never waits for either.
 
-A copy goes through two pinned bounce buffers of ``BOUNCE_BYTES``: ndp's host threads copy a
-piece of the memory-mapped shard into one (``ndp.kernels.stage.copy_bytes``) while the other is
-on its way to the device; the host waits only when it wants to refill a buffer whose copy has
+A copy goes through two pinned bounce buffers of ``BOUNCE_BYTES``: ndp's host threads read a
+piece of the shard file into one with pread(2) (``ndp.files``: no memory map, so a shard cut
+under the loader is a ``ShardChangedError``, not a SIGBUS) while the other is on its way to the
+device; the host waits only when it wants to refill a buffer whose copy has
 not finished (counted).
 """
 
@@ -28,10 +29,11 @@ from ndp.cuda_engine import CudaEngine
 from ndp.device import Buffer, device_memory_info, new_event, pinned
 from ndp.engine import Slot, Staged, TooManyShards
 from ndp.errors import ConfigError
-from ndp.kernels.stage import copy_bytes
 
 #: bytes per bounce buffer (two of them)
 BOUNCE_BYTES = 16 << 20
+#: a bounce buffer is filled by pread(2) in pieces of this many bytes, several at once
+_PIECE = 1 << 20
 #: arena slots are a multiple of this many bytes
 _ALIGN = 256
 
@@ -54,7 +56,7 @@ class DeviceShards:
     def __init__(self, engine: CudaEngine, corpus: Corpus, *, budget: int | None,
                  resident: bool) -> None:
         self.engine, self.corpus, self.resident = engine, corpus, resident
-        self.sizes = np.array([s.data.shape[0] for s in corpus.shards], np.int64)
+        self.sizes = np.array([s.size for s in corpus.shards], np.int64)
         n_shards = self.sizes.shape[0]
         self.budget = budget if budget is not None else default_budget(
             self.sizes.tolist(), resident=resident)
@@ -162,7 +164,7 @@ class DeviceShards:
         if self.read_recorded[k]:  # kernels still reading the slot's previous shard go first
             self.read[k].wait(stream)
             self.read_recorded[k] = False
-        data = self.corpus.shards[shard].data
+        source = self.corpus.shards[shard]
         size = int(self.sizes[shard])
         dst = int(self.slot_base[k])
         for at in range(0, size, BOUNCE_BYTES):
@@ -172,7 +174,9 @@ class DeviceShards:
             if self._bounce_busy[turn]:  # its last piece must have left before we refill it
                 engine.wait(self._bounce_done[turn])
             bounce = self._bounce[turn]
-            copy_bytes(data[at: at + m], bounce[:m])
+            pieces = np.arange(at, at + m, _PIECE, dtype=np.int64)
+            source.read_ranges(pieces, np.minimum(_PIECE, at + m - pieces), bounce,
+                               pieces - at)
             engine.h2d(self.arena.kernel[dst + at: dst + at + m], bounce[:m], stream)
             self._bounce_done[turn].record(stream)
             self._bounce_busy[turn] = True

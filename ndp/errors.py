@@ -19,6 +19,11 @@ class UnsupportedVersionError(ShardFormatError):
     """The shard (or index) was written by a newer format version than this ndp reads."""
 
 
+class ShardChangedError(NDPError, OSError):
+    """A shard was cut, replaced or deleted while ndp read it (``ndp.files``): the message
+    names the file, what was asked of it and what it is now."""
+
+
 class IndexMismatchError(NDPError):
     """A sidecar index does not describe its shard (stale, damaged or for another file)."""
 

@@ -10,7 +10,7 @@ buffers ndp owns (the host staging buffer, the GPU's pinned bounce buffers):
   the bytes asked for and its size now;
 * a file is opened when it is read, and at most ``max_open()`` files are open at once in a
   process (the least recently used is closed first, never one a read is using); a file reopened
-  must be the same file (device, inode and size as when first opened), else
+  must be the same file (device, inode, size and modification time as when first opened), else
   ``ShardChangedError``: it was replaced;
 * ``close_file`` closes a shard's file (``Corpus.close``, hence ``Loader.close``).
 
@@ -95,13 +95,14 @@ class _Files:
                     raise ShardChangedError(f"{path}: the shard is gone (deleted or moved "
                                             f"since ndp opened it)") from None
                 st = os.fstat(fd)
-                if (st.st_dev, st.st_ino, st.st_size) != identity:
+                if _identity(st) != identity:
                     os.close(fd)
                     raise ShardChangedError(
                         f"{path}: not the file ndp opened (now {st.st_size:,} bytes, inode "
-                        f"{st.st_ino}; it was {identity[2]:,} bytes, inode {identity[1]}): it "
-                        f"was replaced or rewritten while ndp read it. Restart on data that "
-                        f"does not change under a running job")
+                        f"{st.st_ino}, modified at {st.st_mtime_ns} ns; it was "
+                        f"{identity[2]:,} bytes, inode {identity[1]}, modified at "
+                        f"{identity[3]} ns): it was replaced or rewritten while ndp read it. "
+                        f"Restart on data that does not change under a running job")
                 entry = self._open[key] = _Open(fd)
             self._open.move_to_end(key)
             entry.users += 1
@@ -129,8 +130,10 @@ class _Files:
         got = np.empty(n, np.int64)
         _, entry = self._acquire(path, identity)
         try:
+            # a few hundred packets per thread, or one piece of a MiB or more
+            grain = max(1, min(256, (1 << 20) // max(1, int(sizes.mean()))))
             parallel_for(_read_ranges, n, entry.fd, offsets, sizes, dst, starts, got,
-                         grain=256)
+                         grain=grain)
         finally:
             self._release(entry)
         short = np.flatnonzero(got != sizes)
@@ -153,16 +156,20 @@ class _Files:
                 if self._open[key].users == 0:
                     os.close(self._open.pop(key).fd)
 
-    def count(self) -> int:
-        """Files open now (tests)."""
+    def count(self, under: str | os.PathLike = "") -> int:
+        """Files open now (under the directory ``under``, if given)."""
         with self._lock:
-            return len(self._open)
+            return sum(1 for path, _ in self._open if path.startswith(str(under)))
 
 
 FILES = _Files()
 
 
-def identity_of(path: Path) -> tuple[int, int, int]:
-    """(device, inode, size) of ``path``: what a reopened file must still be."""
-    st = os.stat(path)
-    return st.st_dev, st.st_ino, st.st_size
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def identity_of(path: Path) -> tuple[int, int, int, int]:
+    """(device, inode, size, modification time) of ``path``: what a reopened file must still
+    be."""
+    return _identity(os.stat(path))

@@ -20,6 +20,7 @@ import numpy as np
 from ndp.errors import IndexMismatchError, UnsupportedVersionError
 from ndp.format import (
     FRAME_BYTES,
+    HEADER_BYTES,
     INDEX_ENTRY_DTYPE,
     INDEX_HEADER_BYTES,
     INDEX_HEADER_DTYPE,
@@ -213,7 +214,7 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
     Payloads (CRC) are not read: the decoders check every packet they decode."""
     where = where or shard.index_path
     hint = f"Rebuild it with 'ndp index {shard.path}'."
-    data, size, start = shard.data, shard.size, shard.header.data_offset
+    size, start = shard.size, shard.header.data_offset
     n = len(index)
     if n:
         # unsigned, offsets first: a hostile offset near 2**63 or 2**64 must not wrap the sum
@@ -238,29 +239,37 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
         gap_starts, gap_ends = np.array([start]), np.array([size])
     for a, b in zip(gap_starts[gap_ends > gap_starts].tolist(),
                     gap_ends[gap_ends > gap_starts].tolist()):
-        found = _first_packet(data[:b], a)
+        found = _first_packet(shard.read(a, b - a), 0)
         if found >= 0:
+            found += a
             raise IndexMismatchError(
                 f"{where}: the index leaves out the packet at byte {found} (between bytes {a} "
                 f"and {b}, where it lists none). {hint}")
 
 
 def check_headers(entries: np.ndarray, which: np.ndarray, shard: Shard, *,
-                  where: Path | str | None = None) -> None:
+                  where: Path | str | None = None, data: np.ndarray | None = None,
+                  at: np.ndarray | None = None) -> None:
     """``IndexMismatchError`` unless the index ``entries[which]`` (all inside the shard) are
-    the packets' own header bytes: sync, SRC, DST, TYP and LEN."""
+    the packets' own header bytes: sync, SRC, DST, TYP and LEN. ``data``/``at``: the packets'
+    bytes already read (packet ``k`` at ``data[at[k]:]``), else the headers are read from the
+    file (6 bytes each)."""
     if which.shape[0] == 0:
         return
     e = entries[which]
-    at = e["offset"].astype(np.int64)
+    offsets = e["offset"].astype(np.int64)
+    if data is None:
+        at = np.arange(which.shape[0], dtype=np.int64) * HEADER_BYTES
+        data = np.empty(which.shape[0] * HEADER_BYTES, np.uint8)
+        shard.read_ranges(offsets, np.full(which.shape[0], HEADER_BYTES, np.int64), data, at)
     wrong = np.empty(which.shape[0], np.bool_)
-    headers_differ(shard.data, at, np.ascontiguousarray(e["length"]),
+    headers_differ(data, np.ascontiguousarray(at, np.int64), np.ascontiguousarray(e["length"]),
                    np.ascontiguousarray(e["src"]), np.ascontiguousarray(e["dst"]),
                    np.ascontiguousarray(e["typ"]), wrong)
     if wrong.any():
         bad = int(np.flatnonzero(wrong)[0])
         raise IndexMismatchError(
-            f"{where or shard.index_path}: entry {int(which[bad])} (byte {int(at[bad])}) "
+            f"{where or shard.index_path}: entry {int(which[bad])} (byte {int(offsets[bad])}) "
             f"disagrees with the packet header there ({int(wrong.sum())} of {which.shape[0]} "
             f"entries checked do). Rebuild it with 'ndp index {shard.path}'.")
 

@@ -286,10 +286,12 @@ class Loader:
             return item
 
     def close(self) -> None:
-        """Stop the producer thread (idempotent); a loop still running over this loader raises
-        ``LoaderUsageError`` at its next batch. A new loop starts the thread again."""
+        """Stop the producer thread and close the shard files (idempotent); a loop still
+        running over this loader raises ``LoaderUsageError`` at its next batch. A new loop
+        starts the thread again (and reopens files as it reads them)."""
         self._active = None
         self._stop_producer()
+        self.corpus.close()
 
     def __enter__(self) -> Loader:
         return self

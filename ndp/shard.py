@@ -1,6 +1,9 @@
-"""Shards on disk: the header, an atomic rolling writer and a memory-mapping reader.
+"""Shards on disk: the header, an atomic rolling writer and a reader.
 
 Layouts (header, index) are specified in ``ndp.format``; this module only reads and writes them.
+A ``Shard`` reads with pread(2) through ``ndp.files`` (a bounded set of open files, a file cut
+under the reader an error); ``Shard.data`` memory-maps the whole file for the tools that scan
+it whole (``ndp inspect``, ``verify``, ``index``, ``export``).
 """
 
 from __future__ import annotations
@@ -47,19 +50,21 @@ class ShardHeader:
     problem: str | None = None  # a damaged header, reported but not fatal
 
 
-def parse_shard_header(data: np.ndarray, path: str | os.PathLike = "<shard>") -> ShardHeader:
-    """Read the header at the start of ``data`` (uint8).
+def parse_shard_header(data: np.ndarray, path: str | os.PathLike = "<shard>", *,
+                       size: int | None = None) -> ShardHeader:
+    """Read the header at the start of ``data`` (uint8: the file, or its first bytes with the
+    file's ``size``).
 
     A file that starts with SYNC, is empty, or starts with neither SYNC nor the magic is a
     headerless stream (in the last case the framing scan reports the leading garbage). A header
     whose CRC fails is reported in ``problem`` and packets are looked for after its 32 bytes.
     Raises ``UnsupportedVersionError`` for a newer version with an intact header.
     """
-    size = data.shape[0]
+    size = data.shape[0] if size is None else size
     magic = bytes(data[: len(SHARD_MAGIC)])
     if size == 0 or data[0] == SYNC or magic != SHARD_MAGIC:
         return ShardHeader(version=None, data_offset=0)
-    if size < SHARD_HEADER_BYTES:
+    if size < SHARD_HEADER_BYTES or data.shape[0] < SHARD_HEADER_BYTES:
         return ShardHeader(
             version=None,
             data_offset=size,
@@ -89,31 +94,74 @@ def parse_shard_header(data: np.ndarray, path: str | os.PathLike = "<shard>") ->
 
 
 class Shard:
-    """A shard file, memory-mapped read-only as a uint8 array (``.data``).
+    """A shard file: its size and header, read with pread(2) (``read``, ``read_ranges``), or
+    memory-mapped whole as a uint8 array (``.data``, mapped on first use, released by
+    ``close``) by the tools that scan a whole shard.
 
-    Opening reads only the header; the bytes come from the page cache as they are touched.
+    Opening reads only the header and holds no file open. Reads go through ``ndp.files``: at
+    most a bounded number of files open in the process, and ``ShardChangedError`` (naming the
+    file) if it was cut or replaced after it was opened.
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
+        from ndp.files import identity_of
+
         self.path = Path(path)
-        size = self.path.stat().st_size
-        if size == 0:  # np.memmap cannot map an empty file
-            self.data = np.zeros(0, dtype=np.uint8)
-        else:
-            self.data = np.memmap(self.path, dtype=np.uint8, mode="r")
-        self.header = parse_shard_header(self.data, self.path)
+        self.identity = identity_of(self.path)
+        self._data: np.ndarray | None = None
+        head = np.zeros(min(self.size, SHARD_HEADER_BYTES), np.uint8)
+        self.read_ranges(np.zeros(1, np.int64), np.array([head.shape[0]], np.int64), head,
+                         np.zeros(1, np.int64))
+        self.header = parse_shard_header(head, self.path, size=self.size)
 
     @property
     def size(self) -> int:
-        return int(self.data.shape[0])
+        return int(self.identity[2])
+
+    @property
+    def data(self) -> np.ndarray:
+        """The whole file, memory-mapped read-only (for whole-shard scans; a Loader reads with
+        ``read_ranges``)."""
+        if self._data is None:
+            if self.size == 0:  # np.memmap cannot map an empty file
+                self._data = np.zeros(0, dtype=np.uint8)
+            else:
+                self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        return self._data
+
+    def read_ranges(self, offsets: np.ndarray, sizes: np.ndarray, dst: np.ndarray,
+                    starts: np.ndarray) -> None:
+        """Bytes ``[offsets[k], offsets[k] + sizes[k])`` into ``dst[starts[k]:]`` (int64
+        arrays); ``ShardChangedError`` if the file was cut or replaced."""
+        from ndp.files import FILES
+
+        FILES.read_ranges(self.path, self.identity, offsets, sizes, dst, starts)
+
+    def read(self, offset: int, size: int) -> np.ndarray:
+        """``size`` bytes from ``offset`` (uint8)."""
+        out = np.empty(size, np.uint8)
+        self.read_ranges(np.array([offset], np.int64), np.array([size], np.int64), out,
+                         np.zeros(1, np.int64))
+        return out
 
     @property
     def index_path(self) -> Path:
         return index_path_for(self.path)
 
     def crc32(self) -> int:
-        """zlib.crc32 of the whole file (about 6 GB/s here): the index's staleness check."""
-        return zlib.crc32(self.data) if self.size else 0
+        """zlib.crc32 of the whole file, read in 16 MiB pieces: the index's staleness check."""
+        crc, step = 0, 16 << 20
+        for at in range(0, self.size, step):
+            crc = zlib.crc32(self.read(at, min(step, self.size - at)), crc)
+        return crc
+
+    def close(self) -> None:
+        """Close the file and drop the whole-file mapping (a view of it still held elsewhere
+        keeps that mapping alive until it goes)."""
+        from ndp.files import FILES
+
+        self._data = None
+        FILES.close(self.path)
 
     def __repr__(self) -> str:
         return f"Shard({str(self.path)!r}, size={self.size}, version={self.header.version})"
