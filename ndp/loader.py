@@ -84,7 +84,7 @@ from ndp.order import drop_mask, rank_and_world
 from ndp.plan import Plan
 from ndp.progress import progress_bar
 from ndp.serve import Ring
-from ndp.state import check_state
+from ndp.state import check_state, seal
 from ndp.stats import LoaderStats
 
 MODES = ("padded", "packed", "packing")
@@ -202,13 +202,13 @@ class Loader:
     def state_dict(self) -> dict:
         """Where the consumer is: the next batch after ``load_state_dict`` of this is the one
         the consumer would have received next. Small and JSON-serialisable."""
-        return {"version": STATE_VERSION, "mode": self.mode, "seed": self.seed,
+        return seal({"version": STATE_VERSION, "mode": self.mode, "seed": self.seed,
                 "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
                 "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
                 "mix": self.plan.mix_spec, "fingerprint": self.corpus.fingerprint,
                 "vocab_size": self.vocab_size,
-                **self._state}
+                **self._state})
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from ``state_dict``). ``LoaderStateError`` (a

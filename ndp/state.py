@@ -5,12 +5,19 @@ the dataset fingerprint and settings it is only valid for (``Loader.state_dict``
 another dataset or configuration, or with positions outside its epoch, would make the loader
 deliver other batches than the run it came from (or none, or loop on empty ones), so it is
 refused with a ``LoaderStateError`` that names the field.
+
+A state also carries ``check``, the crc32 of its other fields: a state damaged in storage into
+another *valid* position (which no field check can tell from a real one) is refused too. A
+state edited on purpose (say, back to the start of its epoch) without its ``check`` is accepted
+with a warning, its fields still checked one by one.
 """
 
 from __future__ import annotations
 
+import json
 import numbers
 import warnings
+import zlib
 from typing import Any
 
 from ndp.errors import LoaderStateError
@@ -19,6 +26,17 @@ from ndp.plan import Plan
 #: the settings a state must have been made with, besides the dataset
 SETTINGS = ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
             "crc_drop_rate", "n_packets", "mix", "vocab_size")
+
+
+def checksum(state: dict) -> int:
+    """crc32 of ``state``'s fields but ``check``, as canonical JSON."""
+    fields = {k: v for k, v in state.items() if k != "check"}
+    return zlib.crc32(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
+
+
+def seal(state: dict) -> dict:
+    """``state`` with its ``check``."""
+    return {**state, "check": checksum(state)}
 
 
 def _int(state: dict, key: str) -> int:
@@ -46,6 +64,20 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
             f"number of batches per epoch: with {mine['world_size']} ranks its position is not "
             f"one this ndp reaches; resume from the start of its epoch (set 'pos' and 'tok' to "
             f"0 and 'version' to {mine['version']}) or from a newer state")
+    if version == mine["version"]:
+        if "check" not in state:
+            warnings.warn("loader state has no 'check' (edited by hand?): its fields are "
+                          "checked one by one, but a damaged position cannot be told from a "
+                          "real one", stacklevel=3)
+        else:
+            try:
+                ok = state["check"] == checksum(state)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise LoaderStateError(
+                    "loader state is damaged: its 'check' does not match its fields (changed "
+                    "after Loader.state_dict() wrote it); resume from an intact copy")
     if version == 1:  # written before states carried the dataset's fingerprint
         warnings.warn("loader state version 1 has no dataset fingerprint: it is checked against "
                       "the settings and packet count only", stacklevel=3)

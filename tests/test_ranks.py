@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ndp.errors import DataError
 from ndp.loader import Loader
+from ndp.state import seal
 
 from ndp_test_helpers import ramp_specs, write_shards
 
@@ -143,7 +144,7 @@ def test_a_state_names_a_batch_inside_the_epoch(tmp_path):
     state = loader.state_dict()
     for bad in (-1, 10**6):
         with pytest.raises(LoaderStateError, match="batch"):
-            loader.load_state_dict(state | {"batch": bad})
+            loader.load_state_dict(seal(state | {"batch": bad}))
     with pytest.raises(LoaderStateError, match="every rank delivered the same number"):
         loader.load_state_dict(state | {"version": 2})
 

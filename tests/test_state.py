@@ -11,6 +11,7 @@ import pytest
 
 from ndp.errors import ConfigError, LoaderStateError
 from ndp.loader import Loader
+from ndp.state import seal
 
 from ndp_test_helpers import ramp_specs, write_shards
 
@@ -54,11 +55,15 @@ def midway(path, mode="packed") -> dict:
     ("seq_len", 5, "seq_len"),
 ])
 def test_a_wrong_field_is_refused_and_named(dataset, field, value, match):
+    """Each field is checked on its own, also in a state whose 'check' was recomputed."""
     state = midway(dataset)
     state[field] = value
     loader = make(dataset, mode="packed")
+    with pytest.raises(LoaderStateError, match="damaged.*'check'" if field != "version"
+                       else match):
+        loader.load_state_dict(state)  # as damaged in storage: its check no longer matches
     with pytest.raises(LoaderStateError, match=match):
-        loader.load_state_dict(state)
+        loader.load_state_dict(seal(state))
     assert isinstance(LoaderStateError("x"), ConfigError)
     assert loader.state_dict()["pos"] == 0  # nothing was taken from the refused state
 
@@ -67,7 +72,19 @@ def test_a_token_offset_outside_packed_mode_is_refused(dataset):
     state = midway(dataset, mode="padded")
     state["tok"] = 3
     with pytest.raises(LoaderStateError, match="padded mode"):
+        make(dataset, mode="padded").load_state_dict(seal(state))
+
+
+def test_a_state_moved_to_another_valid_position_is_refused_by_its_check(dataset):
+    state = midway(dataset, mode="padded")
+    state["pos"] -= 1  # still a position of the epoch: only the check tells
+    with pytest.raises(LoaderStateError, match="damaged"):
         make(dataset, mode="padded").load_state_dict(state)
+    del state["check"]  # edited on purpose: accepted, with a warning
+    loader = make(dataset, mode="padded")
+    with pytest.warns(UserWarning, match="no 'check'"):
+        loader.load_state_dict(state)
+    assert loader.state_dict()["pos"] == state["pos"]
 
 
 def test_a_state_from_another_dataset_with_as_many_packets_is_refused(dataset, tmp_path):
