@@ -20,7 +20,6 @@ pread calls on ndp's threads, without the GIL.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import threading
@@ -32,13 +31,14 @@ import numpy as np
 
 from ndp.errors import ShardChangedError
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_pread = _libc.pread
-_pread.restype = ctypes.c_ssize_t
-_pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64]
+#: libc's pread(2), called by name from compiled code (so the compiled loop can be cached on
+#: disk, which a ctypes function pointer prevents); the buffer is passed as its address
+_pread = numba.types.ExternalFunction(
+    "pread", numba.types.intp(numba.types.intc, numba.types.intp, numba.types.uintp,
+                              numba.types.int64))
 
 
-@numba.njit(nogil=True)
+@numba.njit(nogil=True, cache=True)
 def _read_ranges(fd, offsets, sizes, dst, starts, got, lo, hi):  # pragma: no cover - compiled
     """``got[k]`` = bytes pread(2) read of range ``k`` (``sizes[k]`` at file offset
     ``offsets[k]``) into ``dst[starts[k]:]``; a short read retries until EOF or an error."""

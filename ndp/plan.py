@@ -77,7 +77,7 @@ class Plan:
             every = [self._kept(order, dropped, epoch, r)[0] for r in range(self.world_size)]
             m = min(k.shape[0] for k in every)
             kept, n_dropped, unused = self._kept(order, dropped, epoch, self.rank)
-            batches = min(self._batches(k[:m]) for k in every)
+            batches = min(self.batches_of(k[:m]) for k in every)
             own = kept[:m]
             packets = np.concatenate([own, own]) if self.mode == "packed" else own
             share = Share(packets, m, batches, n_dropped, unused, kept.shape[0] - m)
@@ -98,7 +98,7 @@ class Plan:
             unused_by_source = {name: int(n) for name, n in zip(self._mix_names, unused) if n}
         return kept, int(dropped[share].sum()), unused_by_source
 
-    def _batches(self, share: np.ndarray) -> int:
+    def batches_of(self, share: np.ndarray) -> int:
         """Batches ``share`` makes by the index's token counts (what it makes when nothing in
         it is corrupt)."""
         B, T = self.batch_size, self.seq_len

@@ -98,9 +98,14 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
         raise LoaderStateError(f"loader state epoch {epoch} is negative")
     sh = plan.share(epoch)
     share, n = sh.packets, sh.packets.shape[0]
-    if batch < 0 or (sh.batches is not None and batch > sh.batches):
+    if sh.batches is not None:
+        most, what = sh.batches, "every rank delivers"
+    else:  # one rank: corrupt packets can only shorten a padded or packed epoch
+        most = n if plan.mode == "packing" else plan.batches_of(share)
+        what = "this rank delivers at most"
+    if not 0 <= batch <= most:
         raise LoaderStateError(f"loader state batch {batch} is outside epoch {epoch}, in which "
-                               f"every rank delivers {sh.batches} batches")
+                               f"{what} {most} batches")
     if not 0 <= pos <= n:
         raise LoaderStateError(f"loader state position {pos} is outside epoch {epoch}, whose "
                                f"share holds {n} packets on this rank")

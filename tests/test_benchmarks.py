@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -140,3 +142,15 @@ def test_gpu_check_counts_a_skip_or_a_dirty_memcheck_as_a_failure():
     assert not check.verdict("memcheck", 9, clean.replace("0 errors", "3 errors"))[0]
     assert check.verdict("train-ab", 0, "x\nwrote benchmarks/results/train-ab-1.json") == (
         True, "wrote benchmarks/results/train-ab-1.json")
+
+
+@pytest.mark.slow
+def test_every_bad_input_of_the_reliability_run_is_handled(tmp_path):
+    """The run behind the README's 'N tried, N handled': every case refused with a named error
+    or delivered exactly (it exits 1 and names the case otherwise)."""
+    proc = subprocess.run([sys.executable, str(BENCH / "bad_inputs.py"), "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, [line for line in proc.stdout.splitlines() if "FAIL" in line]
+    (result,) = tmp_path.glob("bad-inputs-*.json")
+    report = json.loads(result.read_text())
+    assert report["tried"] == report["handled"] >= 40

@@ -47,6 +47,8 @@ def midway(path, mode="packed") -> dict:
     ("tok", -1, "token offset"),
     ("tok", 10**6, "past the end of packet"),
     ("epoch", -1, "negative"),
+    ("batch", 10**6, "batch .* outside epoch"),
+    ("batch", -1, "batch .* outside epoch"),
     ("epoch", "1", "integer"),
     ("pos", 2.5, "integer"),
     ("pos", True, "integer"),

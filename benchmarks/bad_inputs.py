@@ -1,0 +1,544 @@
+"""Bad inputs and misuse, tried as a hostile user would: how many ndp handles.
+
+    python benchmarks/bad_inputs.py        # about a minute; JSON into benchmarks/results/
+    python benchmarks/bad_inputs.py --out DIR
+
+Each case damages a small ramp dataset (packet ``k`` holds ``k * 1000 + 0..n-1``), or misuses
+the API or the command line, the way issue 12 lists them: indexes, partial datasets, ranks,
+resume states, files changed under a reader, values a model cannot take, misuse, command-line
+mistakes, damaged shards. A case is **handled** when ndp does one of the two things it promises:
+
+* refuses with a named error (an ``ndp.errors`` class; on the command line one message, exit
+  status 1 or 2, no traceback), or
+* delivers exactly the intact dataset's batches (what was dropped counted by reason).
+
+Anything else (other batches, a crash, a hang, a bare Python exception) is **not handled**.
+Cases that could kill the process (a shard cut under a reader) run in a child process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_cpu import RESULTS, machine  # noqa: E402
+
+from ndp.cli import main as cli  # noqa: E402
+from ndp.errors import NDPError  # noqa: E402
+from ndp.format import Typ  # noqa: E402
+from ndp.loader import Loader  # noqa: E402
+from ndp.packet import encode_packet, encode_tokens  # noqa: E402
+from ndp.shard import ShardWriter  # noqa: E402
+from ndp.state import seal  # noqa: E402
+
+CASES: list[tuple[str, str, Callable[[Path], str]]] = []
+LENGTHS = [int(x) for x in np.random.default_rng(1).integers(1, 40, 31)]
+
+
+class NotHandled(Exception):
+    """What ndp did instead of refusing or delivering the intact batches."""
+
+
+def case(group: str, name: str):
+    def register(fn: Callable[[Path], str]) -> Callable[[Path], str]:
+        CASES.append((group, name, fn))
+        return fn
+    return register
+
+
+# ----------------------------------------------------------------------------------- helpers
+def ramp_packets(lengths=LENGTHS) -> list[bytes]:
+    return [encode_tokens(k * 1000 + np.arange(n), mask=None if k % 4 else
+                          (np.arange(n) % 3 != 0).astype(np.uint8)) for k, n in enumerate(lengths)]
+
+
+def dataset(d: Path, packets: list[bytes] | None = None, shards: int = 2,
+            extra: dict | None = None) -> Path:
+    packets = ramp_packets() if packets is None else packets
+    cut = np.array_split(np.arange(len(packets)), shards)
+    d.mkdir(parents=True, exist_ok=True)
+    for i, part in enumerate(cut):
+        with ShardWriter(d, prefix=f"s{i}") as w:
+            for k in part:
+                w.write(packets[k])
+            w.commit(extra)
+    return d
+
+
+def loader(d: Path, mode: str = "padded", **kw) -> Loader:
+    kw.setdefault("batch_size", 5 if mode == "padded" else 2)
+    return Loader(d, mode=mode, seq_len=16, backend="cpu", output="arrays", seed=3,
+                  prefetch=0, **kw)
+
+
+def batches(ld: Loader, epochs: int = 1) -> list[dict]:
+    out = []
+    for _ in range(epochs):
+        out += [{k: np.array(v) for k, v in b.items()} for b in ld]
+    ld.close()
+    return out
+
+
+def same(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
+
+
+def refused(fn: Callable[[], object]) -> str:
+    """Handled if ``fn`` raises a named ndp error; its first words are the detail."""
+    try:
+        fn()
+    except NDPError as exc:
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+    raise NotHandled("accepted")
+
+
+def exact_or_refused(fn: Callable[[], list[dict]], reference: list[dict]) -> str:
+    try:
+        got = fn()
+    except NDPError as exc:
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+    if not same(got, reference):
+        raise NotHandled("delivered other batches than the intact dataset's")
+    return "exact batches"
+
+
+def command(argv: list[str], codes=(1, 2)) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli(argv)
+        except SystemExit as exc:
+            code = exc.code
+    text = out.getvalue() + err.getvalue()
+    if code not in codes or "Traceback" in text:
+        raise NotHandled(f"exit {code}: {text[-200:]}")
+    return f"exit {code}: {(err.getvalue() or out.getvalue()).strip().splitlines()[-1][:120]}"
+
+
+def child(code: str, *args: str) -> str:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
+                       text=True, timeout=300)
+    if r.returncode != 0:
+        raise NotHandled(f"child exit {r.returncode}: {r.stderr[-300:]}")
+    return r.stdout.strip().splitlines()[-1][:160]
+
+
+def flip_index_field(d: Path, field: str, entry: int, value=None, xor: int = 1) -> None:
+    from ndp.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES
+
+    idx = sorted(d.glob("*.idx"))[0]
+    raw = bytearray(idx.read_bytes())
+    entries = np.frombuffer(bytes(raw[INDEX_HEADER_BYTES:]), INDEX_ENTRY_DTYPE).copy()
+    if value is None:
+        entries[field][entry] ^= xor
+    else:
+        entries[field][entry] = value
+    idx.write_bytes(bytes(raw[:INDEX_HEADER_BYTES]) + entries.tobytes())
+
+
+def set_entries(d: Path, pick: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Rewrite the first index with the entries ``pick`` chooses (its header's count too)."""
+    from ndp.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES, INDEX_HEADER_DTYPE
+
+    idx = sorted(d.glob("*.idx"))[0]
+    raw = idx.read_bytes()
+    head = np.frombuffer(raw[:INDEX_HEADER_BYTES], INDEX_HEADER_DTYPE).copy()
+    chosen = pick(np.frombuffer(raw[INDEX_HEADER_BYTES:], INDEX_ENTRY_DTYPE))
+    head["n_packets"] = chosen.shape[0]
+    idx.write_bytes(head.tobytes() + chosen.tobytes())
+
+
+# ------------------------------------------------------------------------------------ indexes
+for _mode in ("packed", "padded"):
+    for _verify in ("size", "full"):
+        def _length_flip(tmp: Path, mode=_mode, verify=_verify) -> str:
+            ref = batches(loader(dataset(tmp / "ref"), mode))
+            d = dataset(tmp / "d")
+            flip_index_field(d, "length", 3)
+            return exact_or_refused(lambda: batches(loader(d, mode, verify=verify)), ref)
+        case("indexes", f"one index length bit flipped, {_mode}, verify={_verify}")(_length_flip)
+
+
+@case("indexes", "an index listing one offset six times")
+def _repeated(tmp):
+    ref = batches(loader(dataset(tmp / "ref"), "padded"))
+    d = dataset(tmp / "d")
+    set_entries(d, lambda e: np.concatenate([e[:2], np.repeat(e[2:3], 6), e[3:]]))
+    return exact_or_refused(lambda: batches(loader(d, "padded")), ref)
+
+
+@case("indexes", "an index listing a subset of the packets")
+def _subset(tmp):
+    ref = batches(loader(dataset(tmp / "ref"), "padded"))
+    d = dataset(tmp / "d")
+    set_entries(d, lambda e: e[::2].copy())
+    return exact_or_refused(lambda: batches(loader(d, "padded", verify="full")), ref)
+
+
+@case("indexes", "an index with no entries")
+def _empty_index(tmp):
+    ref = batches(loader(dataset(tmp / "ref"), "packed"))
+    d = dataset(tmp / "d")
+    set_entries(d, lambda e: e[:0].copy())
+    return exact_or_refused(lambda: batches(loader(d, "packed")), ref)
+
+
+@case("indexes", "a stale index beside a same-size rewrite of its shard")
+def _stale(tmp):
+    d = dataset(tmp / "d")
+    shard = sorted(d.glob("*.ndp"))[0]
+    idx = shard.with_name(shard.name + ".idx").read_bytes()
+    lengths = list(LENGTHS)
+    lengths[1], lengths[2] = lengths[2], lengths[1]  # same bytes in all, other boundaries
+    fresh = dataset(tmp / "fresh", ramp_packets(lengths))
+    shutil.copy(sorted(fresh.glob("*.ndp"))[0], shard)
+    shard.with_name(shard.name + ".idx").write_bytes(idx)
+    ref = batches(loader(fresh, "packed", manifest="ignore"))
+    return exact_or_refused(lambda: batches(loader(d, "packed", manifest="ignore")), ref)
+
+
+@case("indexes", "an index cut short")
+def _cut_index(tmp):
+    ref = batches(loader(dataset(tmp / "ref"), "packed"))
+    d = dataset(tmp / "d")
+    idx = sorted(d.glob("*.idx"))[0]
+    idx.write_bytes(idx.read_bytes()[:50])
+    return exact_or_refused(lambda: batches(loader(d, "packed")), ref)
+
+
+@case("indexes", "ndp verify on an index with a flipped length")
+def _verify_flip(tmp):
+    d = dataset(tmp / "d")
+    flip_index_field(d, "length", 3)
+    return command(["verify", str(d)], codes=(1,))
+
+
+# ---------------------------------------------------------------------------- partial datasets
+@case("partial datasets", "shards without ndp.json (a killed conversion)")
+def _no_manifest(tmp):
+    d = dataset(tmp / "d")
+    (d / "ndp.json").unlink()
+    return refused(lambda: loader(d))
+
+
+@case("partial datasets", "ndp verify on shards without ndp.json")
+def _verify_no_manifest(tmp):
+    d = dataset(tmp / "d")
+    (d / "ndp.json").unlink()
+    return command(["verify", str(d)], codes=(1,))
+
+
+@case("partial datasets", "a shard the manifest lists is missing")
+def _missing(tmp):
+    d = dataset(tmp / "d")
+    sorted(d.glob("*.ndp"))[1].unlink()
+    return refused(lambda: loader(d))
+
+
+@case("partial datasets", "a shard the manifest does not list")
+def _extra(tmp):
+    d = dataset(tmp / "d")
+    shutil.copy(sorted(d.glob("*.ndp"))[0], d / "zz-00000.ndp")
+    return refused(lambda: loader(d))
+
+
+@case("partial datasets", "a shard shorter than the manifest says")
+def _short(tmp):
+    d = dataset(tmp / "d")
+    shard = sorted(d.glob("*.ndp"))[0]
+    shard.write_bytes(shard.read_bytes()[:-30])
+    return refused(lambda: loader(d))
+
+
+@case("partial datasets", "a manifest that is not JSON")
+def _bad_json(tmp):
+    d = dataset(tmp / "d")
+    (d / "ndp.json").write_text('{"shards": [')
+    return refused(lambda: loader(d))
+
+
+# ------------------------------------------------------------------------------------- ranks
+for _mode in ("padded", "packed", "packing"):
+    for _world in (2, 3):
+        def _ranks(tmp, mode=_mode, world=_world) -> str:
+            d = dataset(tmp / "d")
+            counts = [len(batches(loader(d, mode, rank=r, world_size=world)))
+                      for r in range(world)]
+            if len(set(counts)) != 1:
+                raise NotHandled(f"batch counts per rank {counts}")
+            return f"every rank {counts[0]} batches"
+        case("ranks", f"31 packets over {_world} ranks, {_mode}")(_ranks)
+
+
+# ----------------------------------------------------------------------------- resume states
+def _state(d: Path, mode: str = "packed") -> dict:
+    ld = loader(d, mode)
+    it = iter(ld)
+    next(it)
+    next(it)
+    state = json.loads(json.dumps(ld.state_dict()))
+    ld.close()
+    return state
+
+
+for _field, _value in (("pos", -5), ("pos", 10**9), ("tok", -1), ("epoch", -1),
+                       ("batch", 10**6), ("version", 99)):
+    def _bad_state(tmp, field=_field, value=_value) -> str:
+        d = dataset(tmp / "d")
+        state = seal(dict(_state(d), **{field: value}))
+        return refused(lambda: loader(d, "packed").load_state_dict(state))
+    case("resume states", f"state with {_field}={_value}")(_bad_state)
+
+
+@case("resume states", "a state moved to another valid position (damaged in storage)")
+def _moved(tmp):
+    d = dataset(tmp / "d")
+    state = _state(d, "padded")
+    state["pos"] -= 1
+    return refused(lambda: loader(d, "padded").load_state_dict(state))
+
+
+@case("resume states", "a state from another dataset with as many packets")
+def _other_dataset(tmp):
+    d = dataset(tmp / "d")
+    other = dataset(tmp / "o", ramp_packets([n + 1 for n in LENGTHS]))
+    state = _state(d)
+    return refused(lambda: loader(other, "packed").load_state_dict(state))
+
+
+@case("resume states", "a state that is not a dict")
+def _not_dict(tmp):
+    d = dataset(tmp / "d")
+    return refused(lambda: loader(d).load_state_dict([1, 2]))
+
+
+# ------------------------------------------------------------------- files changed under a reader
+_CUT = """
+    import os, sys
+    from ndp.loader import Loader
+    from ndp.errors import ShardChangedError
+    ld = Loader(sys.argv[1], batch_size=2, seq_len=16, shuffle=False, backend="cpu",
+                output="arrays", prefetch=0, chunk_batches=1, mode=sys.argv[2])
+    it = iter(ld)
+    next(it)
+    for name in os.listdir(sys.argv[1]):
+        if name.endswith(".ndp"):
+            os.truncate(os.path.join(sys.argv[1], name), 40)
+    try:
+        for _ in it:
+            pass
+    except ShardChangedError as exc:
+        print("ShardChangedError:", str(exc)[:120])
+        sys.exit(0)
+    sys.exit(5)
+"""
+for _mode in ("padded", "packed"):
+    def _cut(tmp, mode=_mode) -> str:
+        return child(_CUT, str(dataset(tmp / "d")), mode)
+    case("files", f"every shard cut in place under a running {_mode} loader")(_cut)
+
+
+@case("files", "300 shards under ulimit -n 256")
+def _many(tmp):
+    d = tmp / "d"
+    d.mkdir()
+    for i in range(300):
+        with ShardWriter(d, prefix=f"s{i:03d}") as w:
+            w.write(encode_tokens(np.arange(5) + 1000 * i))
+    return child("""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        from ndp.loader import Loader
+        ld = Loader(sys.argv[1], batch_size=4, seq_len=8, backend="cpu", output="arrays")
+        n = sum(1 for _ in ld)
+        print(f"{n} batches, {ld.stats.valid} packets")
+    """, str(d))
+
+
+@case("files", "100 loaders opened, read and closed: descriptors held afterwards")
+def _closed(tmp):
+    d = dataset(tmp / "d")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(100):
+        batches(loader(d))
+    held = len(os.listdir("/proc/self/fd")) - before
+    if held > 2:
+        raise NotHandled(f"{held} descriptors held")
+    return f"{held} descriptors held"
+
+
+# ---------------------------------------------------------------------------------- values
+@case("values", "an int32 token with its top bit set")
+def _top_bit(tmp):
+    packets = ramp_packets()
+    packets[4] = encode_packet(np.array([4000, 2**32 - 1], ">u4").tobytes(), typ=Typ.TOKEN_IDS)
+    ld = loader(dataset(tmp / "d", packets))
+    got = batches(ld)
+    if any((b["input_ids"] >= 2**31).any() for b in got):
+        raise NotHandled("delivered")
+    return f"dropped, counted: {ld.stats.corrupt}"
+
+
+@case("values", "a zero-token packet")
+def _empty(tmp):
+    packets = ramp_packets()
+    packets[4] = encode_tokens(np.zeros(0, np.int64))
+    ld = loader(dataset(tmp / "d", packets))
+    got = batches(ld)
+    if any((b["attention_mask"].sum(axis=1) == 0).any() for b in got):
+        raise NotHandled("an all-padding row")
+    return f"dropped, counted: {ld.stats.corrupt}"
+
+
+@case("values", "ids past the manifest's vocabulary size")
+def _vocab(tmp):
+    ld = loader(dataset(tmp / "d", extra={"tokenizer": {"vocab_size": 20000}}))
+    got = batches(ld)
+    if any((b["input_ids"] >= 20000).any() for b in got):
+        raise NotHandled("delivered")
+    return f"dropped, counted: {ld.stats.corrupt}"
+
+
+# ------------------------------------------------------------------------------------- misuse
+@case("misuse", "two threads iterating one Loader")
+def _two_threads(tmp):
+    ld = loader(dataset(tmp / "d"))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in ld:
+                time.sleep(0.001)
+        except BaseException as exc:  # noqa: BLE001 - collected
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    ld.close()
+    if any(not isinstance(e, NDPError) for e in errors) or not errors:
+        raise NotHandled(f"{errors!r}")
+    return f"{type(errors[0]).__name__}: {str(errors[0])[:100]}"
+
+
+@case("misuse", "next() after close()")
+def _after_close(tmp):
+    ld = loader(dataset(tmp / "d"))
+    it = iter(ld)
+    next(it)
+    ld.close()
+    return refused(lambda: next(it))
+
+
+@case("misuse", "batch_size=2.5")
+def _float_batch(tmp):
+    return refused(lambda: Loader(dataset(tmp / "d"), batch_size=2.5, seq_len=8))
+
+
+# --------------------------------------------------------------------------------- the CLI
+@case("command line", "ndp inspect nosuchdir")
+def _inspect_missing(tmp):
+    return command(["inspect", str(tmp / "nosuchdir")], codes=(2,))
+
+
+@case("command line", "ndp index nosuchdir")
+def _index_missing(tmp):
+    return command(["index", str(tmp / "nosuchdir")], codes=(2,))
+
+
+@case("command line", "ndp export -o <existing dir> --overwrite")
+def _export_dir(tmp):
+    d = dataset(tmp / "d")
+    (tmp / "out").mkdir()
+    return command(["export", str(d), "-o", str(tmp / "out"), "--overwrite", "--no-progress"],
+                   codes=(2,))
+
+
+@case("command line", "ndp verify with an unreadable index")
+def _unreadable(tmp):
+    d = dataset(tmp / "d")
+    sorted(d.glob("*.idx"))[0].write_bytes(b"\x00" * 10)
+    return command(["verify", str(d)], codes=(1,))
+
+
+# --------------------------------------------------------------------------------- the shards
+@case("shards", "a payload bit flipped (same size)")
+def _payload(tmp):
+    d = dataset(tmp / "d")
+    shard = sorted(d.glob("*.ndp"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[60] ^= 0x04
+    shard.write_bytes(bytes(raw))
+    ld = loader(d)
+    batches(ld)
+    if not ld.stats.corrupt:
+        raise NotHandled("nothing counted")
+    return f"dropped, counted: {ld.stats.corrupt}"
+
+
+@case("shards", "random bytes appended to a shard, read on purpose (manifest='ignore')")
+def _garbage(tmp):
+    d = dataset(tmp / "d")
+    ref = batches(loader(dataset(tmp / "ref"), shuffle=False))
+    shard = sorted(d.glob("*.ndp"))[-1]
+    shard.write_bytes(shard.read_bytes() + np.random.default_rng(0).bytes(500))
+    return exact_or_refused(lambda: batches(loader(d, shuffle=False, manifest="ignore")), ref)
+
+
+# ------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ndp-bad-inputs-") as root:
+        for i, (group, name, fn) in enumerate(CASES):
+            tmp = Path(root) / f"c{i:02d}"
+            tmp.mkdir()
+            try:
+                detail, handled = fn(tmp), True
+            except NotHandled as exc:
+                detail, handled = str(exc), False
+            except Exception as exc:  # noqa: BLE001 - a bare exception is a finding
+                detail = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+                handled = False
+            rows.append({"group": group, "case": name, "handled": handled, "detail": detail})
+            print(f"{'ok  ' if handled else 'FAIL'} [{group}] {name}: {detail.splitlines()[0]}")
+    tried, handled = len(rows), sum(r["handled"] for r in rows)
+    print(f"\n{tried} tried, {handled} handled")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out / f"bad-inputs-{stamp}.json"
+    tmp_out = out.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps({
+        "command": "python benchmarks/bad_inputs.py", "machine": machine(),
+        "tried": tried, "handled": handled, "cases": rows}, indent=2))
+    os.replace(tmp_out, out)
+    print(f"wrote {out}")
+    return 0 if handled == tried else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
