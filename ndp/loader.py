@@ -150,6 +150,14 @@ class Loader:
                 raise ConfigError(f"{name} must be >= {least}, got {value}")
         if output not in ("torch", "arrays"):
             raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
+        if output == "torch":
+            try:
+                import torch  # noqa: F401 - the consumer needs it anyway; say so now
+            except ImportError:
+                raise ConfigError(
+                    "output='torch' (the default) needs torch, which is not installed: "
+                    "pip install \"ndp[torch]\", or pass output='arrays' for NumPy (CPU) or "
+                    "Numba device arrays (GPU)") from None
         drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
         self.backend = resolve_backend(backend)
         self.corpus = data if isinstance(data, Corpus) else Corpus(

@@ -150,6 +150,15 @@ def test_ranks_are_disjoint_equal_and_count_what_they_leave_out(corpus_dir, worl
     assert len(flat) == 41 - 41 % world_size and sum(balance) == 41 % world_size
 
 
+def test_torch_output_without_torch_says_what_to_install(corpus_dir, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(ConfigError, match=r'pip install "ndp\[torch\]".*output=.arrays.'):
+        Loader(corpus_dir, batch_size=2, seq_len=8, backend="cpu")
+    make(corpus_dir)  # output="arrays" needs no torch
+
+
 def test_rank_from_the_environment(corpus_dir, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")

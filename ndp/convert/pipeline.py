@@ -116,12 +116,16 @@ def convert(
         raise ConfigError(f"token width must be 0 (auto), 2 or 4 bytes, got {opts.token_width}")
     if width == 2 and info.vocab_size > 1 << 16:
         raise ConfigError(f"vocabulary of {info.vocab_size} ids does not fit 2-byte tokens; use 4")
-    capacity = max_tokens_per_packet(token_typ(width=width, masked=True))
+    capacity = max_tokens_per_packet(token_typ(width=width, masked=False))
+    masked_capacity = max_tokens_per_packet(token_typ(width=width, masked=True))
     if not 1 <= opts.max_tokens <= capacity:
         raise ConfigError(
             f"--max-tokens must be 1..{capacity} for {width}-byte tokens (one packet's LEN is "
-            f"16 bits); with --overflow split, longer documents continue in further packets"
+            f"16 bits; {masked_capacity} for examples with a loss mask, such as chat); with "
+            f"--overflow split, longer documents continue in further packets"
         )
+    # an example with a loss mask (chat, prompt/completion) also carries its mask bits
+    limits = {False: opts.max_tokens, True: min(opts.max_tokens, masked_capacity)}
     out_dir = Path(output)
     render = chat_renderer(tok)
     summary = ConvertSummary(output=str(out_dir), tokenizer=tokenizer, token_width=width)
@@ -146,15 +150,16 @@ def convert(
                                  f"{width}-byte tokens", kind="token_range"))
                 continue
             n = ids.shape[0]
+            most = limits[mask is not None]
             summary.examples += 1
-            if n > opts.max_tokens and opts.overflow == "truncate":
+            if n > most and opts.overflow == "truncate":
                 summary.truncated += 1
-                summary.truncated_tokens += n - opts.max_tokens
-                n = opts.max_tokens
-            elif n > opts.max_tokens:
+                summary.truncated_tokens += n - most
+                n = most
+            elif n > most:
                 summary.split += 1
-            for lo in range(0, n, opts.max_tokens):
-                hi = min(n, lo + opts.max_tokens)
+            for lo in range(0, n, most):
+                hi = min(n, lo + most)
                 part = None if mask is None else mask[lo:hi]
                 writer.write(encode_tokens(ids[lo:hi], width=width, mask=part,
                                            src=opts.src, dst=opts.dst))

@@ -155,13 +155,33 @@ def test_padded_decode_of_converted_shard(tmp_path, tokenizer_dir, hf_tokenizer)
         assert (batch.labels[row, n:] == IGNORE_INDEX).all()
 
 
+def test_max_tokens_up_to_a_packets_capacity_masked_examples_to_theirs(tmp_path,
+                                                                        tokenizer_dir):
+    """--max-tokens 32000 for 2-byte tokens: plain text keeps 32,000 tokens per packet; an
+    example with a loss mask, whose packet also carries the mask bits, is cut at 30,839."""
+    long = "def f(x):\n    return x + 1\n" * 6000
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": long},
+                                             {"prompt": "q: ", "completion": long}])
+    s = convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts(max_tokens=32000))
+    assert s.examples == 2 and s.truncated == 2
+    shard = Shard(next((tmp_path / "out").glob("*.ndp")))
+    assert sorted(tokens_of_index(load_index(shard))) == [30839, 32000]
+
+
+def tokens_of_index(index) -> list[int]:
+    from ndp.corpus import tokens_of
+
+    return tokens_of(index.entries["length"], index.entries["typ"]).tolist()
+
+
 def test_option_and_environment_errors(tmp_path, tokenizer_dir):
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
     convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
     with pytest.raises(ConfigError, match="already holds"):
         convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
     convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts(overwrite=True))
-    with pytest.raises(ConfigError, match="--max-tokens must be 1..30839"):
+    with pytest.raises(ConfigError, match="--max-tokens must be 1..32767 .*30839 for examples "
+                                          "with a loss mask"):
         convert([src], tmp_path / "big", tokenizer=tokenizer_dir, options=opts(max_tokens=40000))
     with pytest.raises(TokenizerError, match="never downloads"):
         convert([src], tmp_path / "t", tokenizer=str(tmp_path / "no-such-tokenizer"),
