@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cpu import RESULTS, machine  # noqa: E402
 
+from ndp.atomic import atomic_write  # noqa: E402
 from ndp.backend import simulated  # noqa: E402
 from ndp.loader import Loader  # noqa: E402
 from ndp.packet import encode_tokens  # noqa: E402
@@ -68,7 +69,7 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     tag = "sim-accounting" if simulated() else "accounting"
     path = RESULTS / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    atomic_write(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
 

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cpu import RESULTS, machine  # noqa: E402
 
+from ndp.atomic import atomic_write  # noqa: E402
 from ndp.cli import main as cli  # noqa: E402
 from ndp.errors import NDPError  # noqa: E402
 from ndp.format import Typ  # noqa: E402
@@ -531,11 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out / f"bad-inputs-{stamp}.json"
-    tmp_out = out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps({
+    atomic_write(out, json.dumps({
         "command": "python benchmarks/bad_inputs.py", "machine": machine(),
         "tried": tried, "handled": handled, "cases": rows}, indent=2))
-    os.replace(tmp_out, out)
     print(f"wrote {out}")
     return 0 if handled == tried else 1
 

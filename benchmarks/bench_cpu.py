@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ndp.atomic import atomic_write
 from ndp.decode import PaddedBuffers, decode_packed, decode_padded, validate
 from ndp.kernels._jit import cpu_kernel
 from ndp.kernels.crc16 import CRC16_TABLES
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     tag = "cpu" if len(sections) == 3 else "cpu-" + "-".join(sections)
     path = args.out or RESULTS / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write(path, json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     return 0
 

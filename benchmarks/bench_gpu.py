@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cpu import RESULTS, machine, synthetic_shard  # noqa: E402
 
+from ndp.atomic import atomic_write  # noqa: E402
 from ndp.adapters.torch import to_torch  # noqa: E402
 from ndp.backend import simulated  # noqa: E402
 from ndp.decoder import CpuDecoder  # noqa: E402
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     tag = "sim" if simulated() else "gpu"
     path = args.out / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    atomic_write(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
 

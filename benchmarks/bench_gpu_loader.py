@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import RESULTS, machine  # noqa: E402
 from bench_gpu import device_info, physical_limits  # noqa: E402
 
+from ndp.atomic import atomic_write  # noqa: E402
 from ndp.backend import simulated  # noqa: E402
 
 #: issue 11's targets (an H100): never asserted by tests, reported as met or not
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     tag = "sim-loader" if simulated() else "gpu-loader"
     path = args.out / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(report, indent=1) + "\n")
+    atomic_write(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
 

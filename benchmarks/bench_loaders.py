@@ -473,7 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"loaders-{dt.datetime.now():%Y%m%d-%H%M%S}"
     report["figures"] = figures(report, stem)
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    from ndp.atomic import atomic_write
+
+    atomic_write(stem.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
     print(f"wrote {stem}.json and {len(report['figures'])} figures")
     return 0
 

@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             ok, line = False, f"timed out after {limit} s; {line}"
         log = RESULTS / f"{'memcheck' if name == 'memcheck' else 'gpu-check-' + name}-{stamp}.log"
         if name == "memcheck" or not ok:
-            log.write_text(f"$ {' '.join(cmd)}\n(exit {rc})\n{out}")
+            from ndp.atomic import atomic_write
+
+            atomic_write(log, f"$ {' '.join(cmd)}\n(exit {rc})\n{out}")
         summary.append((name, ok, time.time() - t, line))
         print(f"{'PASS' if ok else 'FAIL'}  {name:18s} {time.time() - t:6.1f} s  {line}",
               flush=True)

@@ -190,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=110)
     report["figure"] = stem.with_suffix(".png").name
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    from ndp.atomic import atomic_write
+
+    atomic_write(stem.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
     print(f"wrote {stem}.json")
     return 0
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ndp.atomic import atomic_file
 from ndp.format import Src
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
@@ -76,7 +77,7 @@ def build_corpus(workdir: Path, files: list[Path]) -> tuple[Path, Path, int]:
     corpus.mkdir(parents=True, exist_ok=True)
     code, sft = corpus / "code.jsonl", corpus / "sft.jsonl"
     total = 0
-    with open(code, "w") as fc, open(sft, "w") as fs:
+    with atomic_file(code, "w") as fc, atomic_file(sft, "w") as fs:
         for path in files:
             text = _read(path)
             if not text or not text.strip():

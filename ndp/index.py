@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ndp.atomic import atomic_file
 from ndp.errors import IndexMismatchError, UnsupportedVersionError
 from ndp.format import (
     FRAME_BYTES,
@@ -123,7 +124,7 @@ def write_index(
     shard_crc32: int,
     data_offset: int,
 ) -> None:
-    """Write an index atomically (temporary name, fsync, rename)."""
+    """Write an index atomically (``ndp.atomic``)."""
     head = np.zeros(1, dtype=INDEX_HEADER_DTYPE)
     head["magic"] = INDEX_MAGIC
     head["version"] = INDEX_VERSION
@@ -132,14 +133,9 @@ def write_index(
     head["shard_size"] = shard_size
     head["shard_crc32"] = shard_crc32
     head["data_offset"] = data_offset
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_file(path) as f:
         f.write(head.tobytes())
         f.write(np.ascontiguousarray(entries, dtype=INDEX_ENTRY_DTYPE).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_index(path: str | os.PathLike) -> Index:

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ndp.atomic import atomic_write
 from ndp.errors import ConfigError, ManifestError
 from ndp.format import INDEX_SUFFIX, SHARD_SUFFIX
 
@@ -72,22 +73,9 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def write_manifest(directory: str | os.PathLike, manifest: dict[str, Any]) -> Path:
-    """Write ``manifest`` as ``directory/ndp.json`` atomically (temporary file, fsync,
-    rename, fsync of the directory): the dataset's commit."""
-    directory = Path(directory)
-    path = directory / MANIFEST
-    tmp = directory / (MANIFEST + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return path
+    """Write ``manifest`` as ``directory/ndp.json`` atomically (``ndp.atomic``): the
+    dataset's commit."""
+    return atomic_write(Path(directory) / MANIFEST, json.dumps(manifest, indent=2))
 
 
 def shard_entry(path: Path, size: int, packets: int, crc32: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ndp.atomic import AtomicFile
 from ndp.errors import ConfigError, ShardFormatError, UnsupportedVersionError
 from ndp.format import (
     FRAME_BYTES,
@@ -172,14 +173,6 @@ def index_path_for(shard_path: str | os.PathLike) -> Path:
     return Path(str(shard_path) + INDEX_SUFFIX)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @dataclass
 class ShardInfo:
     """One finished shard: its path, size, packet count and crc32."""
@@ -193,8 +186,7 @@ class ShardInfo:
 @dataclass
 class _OpenShard:
     path: Path
-    tmp: Path
-    file: object
+    out: AtomicFile
     size: int = 0
     crc32: int = 0
     entries: list = field(default_factory=list)
@@ -204,8 +196,9 @@ class ShardWriter:
     """Writes packets into ``directory/<prefix>-00000.ndp``, ``-00001.ndp``, ... with indexes,
     and commits them with the manifest ``ndp.json`` (``ndp.manifest``).
 
-    Each shard is written to ``<name>.tmp``, fsynced and renamed into place only when it is
-    complete, so a crash leaves a ``.tmp`` file and never a half shard under a final name. A new
+    Each shard is written atomically (``ndp.atomic``: ``<name>.tmp``, fsynced, renamed into
+    place only when it is complete), so a crash leaves a ``.tmp`` file and never a half shard
+    under a final name. A new
     shard starts when the next packet would pass ``max_shard_bytes``. ``commit`` (or ``close``,
     or leaving the ``with`` block normally) finishes the last shard and then writes the
     manifest, listing these shards and those an earlier commit in the directory listed; until
@@ -235,15 +228,14 @@ class ShardWriter:
 
     def _open(self) -> _OpenShard:
         path = self.directory / f"{self.prefix}-{len(self.finished):05d}{SHARD_SUFFIX}"
-        tmp = path.with_name(path.name + ".tmp")
-        cur = _OpenShard(path=path, tmp=tmp, file=open(tmp, "wb"))
+        cur = _OpenShard(path=path, out=AtomicFile(path))
         if self.header:
             self._append(cur, encode_shard_header())
         return cur
 
     @staticmethod
     def _append(cur: _OpenShard, data: bytes) -> None:
-        cur.file.write(data)
+        cur.out.file.write(data)
         cur.crc32 = zlib.crc32(data, cur.crc32)
         cur.size += len(data)
 
@@ -271,18 +263,14 @@ class ShardWriter:
 
         cur = self._current
         self._current = None
-        cur.file.flush()
-        os.fsync(cur.file.fileno())
-        cur.file.close()
         entries = np.zeros(len(cur.entries), dtype=INDEX_ENTRY_DTYPE)
         if cur.entries:
             cols = np.array(cur.entries, dtype=np.uint64)
             for i, name in enumerate(("offset", "length", "src", "dst", "typ")):
                 entries[name] = cols[:, i]
         data_offset = SHARD_HEADER_BYTES if self.header else 0
-        os.replace(cur.tmp, cur.path)
+        cur.out.commit(sync_dir=False)
         write_index(index_path_for(cur.path), entries, cur.size, cur.crc32, data_offset)
-        _fsync_dir(self.directory)
         self.finished.append(ShardInfo(cur.path, cur.size, len(cur.entries), cur.crc32))
 
     def finish(self) -> list[ShardInfo]:
@@ -318,8 +306,7 @@ class ShardWriter:
     def abort(self) -> None:
         """Discard the shard being written; finished shards stay."""
         if self._current is not None:
-            self._current.file.close()
-            self._current.tmp.unlink(missing_ok=True)
+            self._current.out.abort()
             self._current = None
 
     def __enter__(self) -> ShardWriter:

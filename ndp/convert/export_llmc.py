@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ndp.atomic import AtomicFile, fsync_dir
 from ndp.convert.tokenfiles import LLMC_HEADER_WORDS, LLMC_MAGIC
 from ndp.errors import ConfigError, PacketError
 from ndp.format import (
@@ -116,32 +117,20 @@ class _LlmcWriter:
         count = self.counts[len(self.done)]
         header = np.zeros(LLMC_HEADER_WORDS, "<i4")
         header[:3] = (LLMC_MAGIC, self.version, count)
-        self._file = open(path.with_name(path.name + ".tmp"), "wb")
-        self._file.write(header.tobytes())
+        self._file = AtomicFile(path)
+        self._file.file.write(header.tobytes())
         self._left = count
 
     def _finish(self) -> None:
-        path = self.paths[len(self.done)]
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-        finally:
-            self._file.close()
-            self._file = None
-        try:
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)  # nothing half-written is left behind
-            raise
-        self.done.append(path)
+        out, self._file = self._file, None
+        self.done.append(out.commit(sync_dir=False))  # nothing half-written is left behind
 
     def write(self, tokens: np.ndarray) -> None:
         while tokens.shape[0]:
             if self._file is None:
                 self._next()
             take = min(self._left, tokens.shape[0])
-            self._file.write(tokens[:take].astype(self.dtype).tobytes())
+            self._file.file.write(tokens[:take].astype(self.dtype).tobytes())
             self._left -= take
             tokens = tokens[take:]
             if self._left == 0:
@@ -154,17 +143,12 @@ class _LlmcWriter:
                 self._next()
             self._finish()
         for directory in {p.parent for p in self.paths}:
-            fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(directory)
 
     def abort(self) -> None:
         if self._file is not None:
-            path = self.paths[len(self.done)]
-            self._file.close()
-            path.with_name(path.name + ".tmp").unlink(missing_ok=True)
+            self._file.abort()
+            self._file = None
 
 
 def export_llmc(
