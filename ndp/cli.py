@@ -250,8 +250,28 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default in ``--help``, unless it has none (None, off) or its help
+    says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ndp")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ndp", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"ndp {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("convert", help="JSONL / Parquet / text / token files -> NDP shards")
@@ -268,11 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token files: documents start (before) or end (after) at each EOS/EOT; "
                         "auto: before for llm.c, after for llm.q and raw")
     p.add_argument("--max-tokens", type=int, default=2048,
-                   help="tokens per example, EOS included (default 2048)")
+                   help="tokens per example, EOS included")
     p.add_argument("--overflow", choices=("truncate", "split"), default="truncate",
                    help="longer examples: truncate (default, SFT) or split into packets (pretraining)")
-    p.add_argument("--src", type=_enum_arg(Src), default=Src.TEXT_CORPUS, help="SRC tag")
-    p.add_argument("--dst", type=_enum_arg(Dst), default=Dst.EMBEDDING, help="DST tag")
+    p.add_argument("--src", type=_enum_arg(Src), default="text_corpus",
+                   help="SRC tag: " + ", ".join(m.name.lower() for m in Src))
+    p.add_argument("--dst", type=_enum_arg(Dst), default="embedding",
+                   help="DST tag: " + ", ".join(m.name.lower() for m in Dst))
     p.add_argument("--token-width", type=int, choices=(0, 2, 4), default=0,
                    help="bytes per token; 0 = 2 if the vocabulary fits, else 4")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record")
@@ -323,11 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("demo", help="the embedded default job: stdlib corpus end to end, offline")
-    p.add_argument("--workdir", default="ndp-demo", help="where to write (default ./ndp-demo)")
+    p.add_argument("--workdir", default="ndp-demo", help="where to write")
     p.add_argument("--max-files", type=int, default=None, help="use only the first N files")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_demo)
+    for command in sub.choices.values():
+        command.formatter_class = _Help
     return parser
 
 

@@ -173,3 +173,18 @@ def test_verify_fails_an_unreadable_index_and_goes_on(converted, tmp_path, capsy
     assert main(["verify", str(out)]) == 1
     text = capsys.readouterr().out
     assert "FAIL" in text and "index: unreadable" in text
+
+
+def test_version_and_help_show_defaults_and_allowed_values(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("ndp ")
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("tokens per example, EOS included (default: 2048)",
+                  "records per tokenizer call (default: 512)", "(default: 256)",
+                  "SRC tag: text_corpus, code_repo, gradient (default: text_corpus)",
+                  "DST tag: embedding, attention, ffn, lora"):
+        assert shown in text
+    assert "(default: None)" not in text and "(default: False)" not in text
