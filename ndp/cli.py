@@ -112,7 +112,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     version = args.version if args.version == "auto" else int(args.version)
     summary = export_llmc(args.data, args.output, version=version,
                           shard_tokens=args.shard_tokens, overwrite=args.overwrite,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress and not args.json)
+    if args.json:
+        print(json.dumps(asdict(summary), indent=2))
+        return 0
     print(summary.describe())
     for path in summary.files:
         print(f"  {path}")
@@ -126,11 +129,16 @@ def _cmd_index(args: argparse.Namespace) -> int:
     from ndp.shard import Shard
 
     status = 0
+    say = (lambda *a: None) if args.json else print
+    report = {"shards": [], "manifests": []}
     for path in _shard_paths(args.shards):
         index, result = build_index(Shard(path))
-        print(f"{path}: {len(index)} packets indexed -> {Shard(path).index_path}")
+        say(f"{path}: {len(index)} packets indexed -> {Shard(path).index_path}")
+        report["shards"].append({"path": str(path), "packets": len(index),
+                                 "index": str(Shard(path).index_path),
+                                 "corrupt": [c.describe() for c in result.corrupt]})
         for c in result.corrupt:
-            print(f"  {c.describe()}")
+            say(f"  {c.describe()}")
             status = 1
     if args.write_manifest:
         for directory in map(Path, args.shards):
@@ -143,8 +151,11 @@ def _cmd_index(args: argparse.Namespace) -> int:
             record = {k: v for k, v in (read_manifest_or_none(directory) or {}).items()
                       if k != "shards"}
             path = write_manifest(directory, {**record, "shards": entries})
-            print(f"{path}: committed {len(entries)} shard(s) as they are now "
-                  f"(the dataset is what these shards hold; check it with 'ndp verify')")
+            report["manifests"].append({"path": str(path), "shards": len(entries)})
+            say(f"{path}: committed {len(entries)} shard(s) as they are now "
+                f"(the dataset is what these shards hold; check it with 'ndp verify')")
+    if args.json:
+        print(json.dumps(report, indent=2))
     return status
 
 
@@ -210,14 +221,19 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from ndp.shard import Shard
 
     failed = 0
+    say = (lambda *a: None) if args.json else print
+    results: list[dict] = []
     paths = _shard_paths(args.shards)
     entries: dict[Path, dict] = {}
     for directory in (Path(p) for p in args.shards if Path(p).is_dir()):
         problems, by_name = _manifest_problems(directory, args.no_manifest)
         entries.update({directory / name: e for name, e in by_name.items()})
+        if not args.no_manifest:
+            results.append({"path": str(directory), "kind": "manifest", "ok": not problems,
+                            "problems": problems})
         for problem in problems:
             failed += 1
-            print(f"FAIL  {problem}")
+            say(f"FAIL  {problem}")
     for path in paths:
         report = inspect_shard(path, require_index=args.require_index)
         entry = entries.get(path)
@@ -228,17 +244,24 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             elif Shard(path).crc32() != entry["crc32"]:
                 report.problems.append("crc32 differs from the manifest's: changed after the "
                                        "dataset was written")
+        results.append({"path": str(path), "kind": "shard", "ok": report.ok,
+                        "packets": report.packets, "tokens": report.tokens,
+                        "index": report.index, "problems": report.problems})
         if report.ok:
             note = ("; no index (packets checked by a framing scan; `ndp index` writes one)"
                     if report.index == "missing" else "")
-            print(f"OK    {path}: {report.packets:,} packets, {report.tokens:,} tokens{note}")
+            say(f"OK    {path}: {report.packets:,} packets, {report.tokens:,} tokens{note}")
             continue
         failed += 1
-        print(f"FAIL  {path}: {len(report.problems)} problem(s)")
+        say(f"FAIL  {path}: {len(report.problems)} problem(s)")
         for problem in report.problems:
-            print(f"      {problem}")
-    checked = len(paths) + sum(1 for p in args.shards if Path(p).is_dir() and not args.no_manifest)
-    print(f"{checked - failed} passed, {failed} failed")
+            say(f"      {problem}")
+    checked = len(results)
+    if args.json:
+        print(json.dumps({"passed": checked - failed, "failed": failed, "checked": results},
+                         indent=2))
+    else:
+        print(f"{checked - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 
@@ -320,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace the files of an earlier export")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("index", help="rebuild sidecar indexes by a framing scan")
@@ -327,6 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write-manifest", action="store_true",
                    help="also write each directory's ndp.json listing its shards as they are "
                         "now: commits a directory of shards without one as a dataset")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_index)
 
     p = sub.add_parser("inspect", help="packet counts, tokens, lengths, corruption")
@@ -342,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-manifest", action="store_true",
                    help="check the shards of a directory as they are, without its ndp.json "
                         "(by default a directory must be the whole dataset its manifest lists)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("demo", help="the embedded default job: stdlib corpus end to end, offline")

@@ -188,3 +188,27 @@ def test_version_and_help_show_defaults_and_allowed_values(capsys):
                   "DST tag: embedding, attention, ffn, lora"):
         assert shown in text
     assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_verify_index_and_export_speak_json(converted, tmp_path, capsys):
+    out = copy_out(converted, tmp_path)
+    capsys.readouterr()
+    assert main(["verify", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["failed"] == 0 and report["passed"] == len(report["checked"]) >= 2
+    assert [c["kind"] for c in report["checked"]][0] == "manifest"
+    shard = next(out.glob("*.ndp"))
+    data = bytearray(shard.read_bytes())
+    data[200] ^= 0x10
+    shard.write_bytes(bytes(data))
+    assert main(["verify", str(out), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    bad = [c for c in report["checked"] if not c["ok"]]
+    assert report["failed"] == len(bad) >= 1 and any("crc32" in p for c in bad
+                                                     for p in c["problems"])
+    assert main(["index", str(shard), "--json"]) == 1
+    (entry,) = json.loads(capsys.readouterr().out)["shards"]
+    assert entry["path"] == str(shard) and entry["corrupt"]
+    assert main(["export", str(converted[0]), "-o", str(tmp_path / "x.bin"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["files"] == [str(tmp_path / "x.bin")] and summary["tokens"] > 0

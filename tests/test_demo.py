@@ -21,3 +21,6 @@ def test_demo_runs_end_to_end(tmp_path):
     assert report.decode["packed"]["tokens"] > 0
     assert any("round trip OK" in line for line in lines)
     assert (tmp_path / "tokenizer" / "tokenizer.json").exists()
+    # it ends saying where it wrote how much, and what to do next
+    assert lines[-1].startswith("done: ") and f"under {tmp_path.resolve()}" in lines[-1]
+    assert "ndp inspect" in lines[-1] and "ndp.Loader(" in lines[-1]
