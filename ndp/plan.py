@@ -74,10 +74,10 @@ class Plan:
             kept, n_dropped, unused = self._kept(order, dropped, epoch, 0)
             share = Share(kept, kept.shape[0], None, n_dropped, unused)
         else:
-            every = [self._kept(order, dropped, epoch, r)[0] for r in range(self.world_size)]
-            m = min(k.shape[0] for k in every)
-            kept, n_dropped, unused = self._kept(order, dropped, epoch, self.rank)
-            batches = min(self.batches_of(k[:m]) for k in every)
+            every = [self._kept(order, dropped, epoch, r) for r in range(self.world_size)]
+            m = min(k.shape[0] for k, _, _ in every)
+            kept, n_dropped, unused = every[self.rank]
+            batches = min(self.batches_of(k[:m]) for k, _, _ in every)
             own = kept[:m]
             packets = np.concatenate([own, own]) if self.mode == "packed" else own
             share = Share(packets, m, batches, n_dropped, unused, kept.shape[0] - m)
