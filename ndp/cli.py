@@ -124,30 +124,33 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_index(args: argparse.Namespace) -> int:
     from ndp.errors import ConfigError
-    from ndp.index import build_index, load_index
+    from ndp.index import build_index
     from ndp.manifest import shard_entry, write_manifest
     from ndp.shard import Shard
 
+    if args.write_manifest:
+        for directory in map(Path, args.shards):
+            if not directory.is_dir():
+                raise ConfigError(f"{directory}: --write-manifest commits a directory of shards; "
+                                  f"name the directory")
     status = 0
     say = (lambda *a: None) if args.json else print
     report = {"shards": [], "manifests": []}
+    built = {}
     for path in _shard_paths(args.shards):
-        index, result = build_index(Shard(path))
-        say(f"{path}: {len(index)} packets indexed -> {Shard(path).index_path}")
+        shard = Shard(path)
+        index, result = build_index(shard)  # a full scan: its crc32 is the file's own
+        built[path] = shard_entry(path, shard.size, len(index), index.shard_crc32)
+        say(f"{path}: {len(index)} packets indexed -> {shard.index_path}")
         report["shards"].append({"path": str(path), "packets": len(index),
-                                 "index": str(Shard(path).index_path),
+                                 "index": str(shard.index_path),
                                  "corrupt": [c.describe() for c in result.corrupt]})
         for c in result.corrupt:
             say(f"  {c.describe()}")
             status = 1
     if args.write_manifest:
         for directory in map(Path, args.shards):
-            if not directory.is_dir():
-                raise ConfigError(f"{directory}: --write-manifest commits a directory of shards; "
-                                  f"name the directory")
-            shards = [Shard(p) for p in sorted(directory.glob(f"*{SHARD_SUFFIX}"))]
-            entries = [shard_entry(s.path, s.size, len(load_index(s, verify="full")), s.crc32())
-                       for s in shards]
+            entries = [built[p] for p in sorted(directory.glob(f"*{SHARD_SUFFIX}"))]
             record = {k: v for k, v in (read_manifest_or_none(directory) or {}).items()
                       if k != "shards"}
             path = write_manifest(directory, {**record, "shards": entries})
