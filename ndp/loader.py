@@ -66,11 +66,13 @@ What the decoder did is counted in ``loader.counters`` (``ndp.counters``).
 
 from __future__ import annotations
 
+import atexit
 import numbers
 import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -96,6 +98,20 @@ CHUNK_TOKENS = {"cuda": 1 << 22, "cpu": 1 << 20}
 #: batches per chunk by default at least, and at most
 CHUNK_BATCHES_MIN = {"cuda": 8, "cpu": 1}
 CHUNK_BATCHES_MAX = 64
+
+
+#: loaders whose producer thread may be running: stopped at interpreter exit (below)
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop every producer before the interpreter finalizes. A daemon thread still inside
+    compiled code then (a kernel, a compile) is ended by pthread_exit when it next takes the
+    GIL, which aborts the process ("terminate called without an active exception", SIGABRT)
+    in a script that simply ended without ``close()``."""
+    for loader in list(_LIVE):
+        loader._stop_producer()
 
 
 class _Failure:
@@ -322,6 +338,7 @@ class Loader:
         self._thread = threading.Thread(target=self._producer.run,
                                         args=(start, self._queue, self._stop),
                                         name="ndp-loader", daemon=True)
+        _LIVE.add(self)
         self._thread.start()
 
     def _stop_producer(self) -> None:

@@ -557,3 +557,29 @@ def test_a_loop_over_a_closed_loader_says_so_and_a_new_loop_goes_on(corpus_dir):
 def test_bad_option_types_are_refused_at_construction(corpus_dir, name, value):
     with pytest.raises(ConfigError, match=name):
         make(corpus_dir, **{name: value})
+
+
+def test_a_running_producer_is_stopped_at_interpreter_exit(corpus_dir):
+    """A script that ends without close() must not leave the producer inside compiled code
+    while the interpreter finalizes (pthread_exit there aborts the process)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys, threading
+        import ndp.loader as L
+        loader = L.Loader(sys.argv[1], batch_size=2, seq_len=8, backend="cpu", output="arrays")
+        next(iter(loader))  # the producer goes on decoding ahead
+        def check():  # atexit runs handlers last-registered first: this one after ndp's
+            alive = [t.name for t in threading.enumerate() if t.name == "ndp-loader"]
+            print("ALIVE", alive, flush=True)
+        import atexit
+        atexit.register(check)
+        atexit.unregister(L._stop_all)
+        atexit.register(L._stop_all)  # so ndp's runs first, then check()
+    """)
+    result = subprocess.run([sys.executable, "-c", code, str(corpus_dir)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ALIVE []" in result.stdout
