@@ -93,6 +93,8 @@ def listed_shards(directory: Path, *, manifest: str = "check") -> tuple[list[Pat
     if manifest == "ignore":
         return found, None
     record = read_manifest(directory)
+    if record is None and not found:
+        return [], None  # no dataset at all: the caller says there are no shards
     if record is None:
         raise ManifestError(
             f"{directory}: {len(found)} shard(s) but no {MANIFEST}: the dataset was never "

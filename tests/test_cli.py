@@ -212,3 +212,19 @@ def test_verify_index_and_export_speak_json(converted, tmp_path, capsys):
     assert main(["export", str(converted[0]), "-o", str(tmp_path / "x.bin"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["files"] == [str(tmp_path / "x.bin")] and summary["tokens"] > 0
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "index", "export", "convert"])
+@pytest.mark.parametrize("where", ["missing", "empty"])
+def test_every_subcommand_answers_a_missing_or_empty_path_with_exit_2(tmp_path, capsys,
+                                                                      command, where):
+    path = tmp_path / "data"
+    if where == "empty":
+        path.mkdir()
+    argv = {"export": ["export", str(path), "-o", str(tmp_path / "x.bin")],
+            "convert": ["convert", str(path), str(tmp_path / "out"), "--tokenizer", "t"]}
+    assert main(argv.get(command, [command, str(path)])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and str(path) in err
+    if where == "empty" and command != "convert":
+        assert "no *.ndp shards" in err

@@ -99,7 +99,11 @@ def expand_inputs(paths: list[str | os.PathLike]) -> list[Path]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files.extend(sorted(f for f in p.rglob("*") if f.is_file()))
+            found = sorted(f for f in p.rglob("*") if f.is_file())
+            if not found:
+                raise ConfigError(f"input {p} is a directory with no files in it; name the "
+                                  f"JSONL, Parquet, text or token files to convert")
+            files.extend(found)
         elif p.is_file():
             files.append(p)
         else:
