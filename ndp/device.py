@@ -137,6 +137,11 @@ class DeviceArray:
         """The Numba stream that writes this array."""
         return self._stream
 
+    def rows(self, start: int, stop: int) -> DeviceArray:
+        """Rows ``[start, stop)``: a view, made on the same stream, with the same consumers."""
+        return DeviceArray(self._array[start:stop], self._stream, self._consumers,
+                           self._counters)
+
     def copy_to_host(self) -> np.ndarray:
         """A NumPy copy, after the producing stream has finished writing it."""
         self._stream.synchronize()
@@ -192,6 +197,20 @@ class Buffer:
             self._export = cupy.asarray(self.kernel)  # zero-copy view of the same memory
         self.consumers = Consumers()
         self.counters = counters
+
+    @property
+    def export(self) -> Any:
+        """The memory as a CuPy array (a NumPy array under the simulator)."""
+        return self._export
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._export.nbytes)
+
+    def leased(self, stream: Any, array: Any) -> DeviceArray:
+        """``array`` (over this buffer's memory, ``ndp.serve.held``) as a ``DeviceArray`` that
+        shares this buffer's consumer bookkeeping."""
+        return DeviceArray(array, stream, self.consumers, self.counters)
 
     def view(self, stream: Any, rows: int | None = None, start: int = 0) -> DeviceArray:
         """Rows ``[start, rows)`` (all of them with ``rows=None``) as a ``DeviceArray``."""

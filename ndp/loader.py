@@ -57,10 +57,13 @@ CPU and CUDA backends give too, bit for bit.
 Prefetch: a producer thread decodes up to ``prefetch`` chunks ahead into a bounded queue. An
 exception in it is raised by the consumer's ``next()`` (with the producer's traceback chained);
 ``close()``, leaving the ``with`` block, breaking out of the loop or dropping the last reference
-stops the thread. Batches alias a ring of ``max(1, prefetch) + 3`` chunks' buffers: **a batch
-stays valid until the consumer takes a batch of the second chunk after its own** (at least
-until it takes the second batch after it); ``.clone()`` what must live longer. On a GPU the
-reuse is ordered after the work the consumer queued on its current stream (``ndp.serve``).
+stops the thread. Batches are views of a ring of ``max(1, prefetch) + 3`` chunks' buffers, with
+no copy: a batch's buffers come round for reuse when the consumer takes a batch of the second
+chunk after its own (at the earliest the second batch after it). A batch still referenced then
+(``list(loader)``, a loss kept with its graph) keeps its buffers: ndp allocates new ones and
+warns once (``ndp.serve``), so a held batch never shows another batch's tokens; ``.clone()``
+what you keep to keep that memory bounded. On a GPU the reuse is ordered after the work the
+consumer queued on its current stream (``ndp.serve``).
 What the decoder did is counted in ``loader.counters`` (``ndp.counters``).
 """
 
