@@ -79,6 +79,7 @@ def test_a_loop_that_follows_the_rule_allocates_nothing_and_warns_nothing(corpus
             for _ in range(3):
                 for batch in loader:
                     previous, batch = batch, None  # the current and the previous one, no more
+        assert previous is not None
         assert loader.counters.held_chunks == 0
         assert loader.counters.chunks > 3 * len(loader._ring.slots)
 
