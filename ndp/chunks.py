@@ -41,24 +41,31 @@ class ChunkDecoder:
         self.chunk_batches = chunk_batches
 
     def decode(self, slot: Slot, share: np.ndarray, pos: int, tok: int, counted_upto: int,
-               batches: int | None = None) -> Chunk:
+               batches: int | None = None, own_end: int | None = None) -> Chunk:
         """The next chunk from share position ``pos`` (and stream token ``tok``, packed mode):
         at most ``batches`` (default ``chunk_batches``) batches, at least one unless the share
         ends in it (then ``layout.end`` or an exhausted share says so). ``counted_upto``: the
-        first share position no earlier batch counted."""
+        first share position no earlier batch counted. ``own_end`` (packed mode, for the
+        epoch's last batches): where the share's own packets end; a chunk that needs no packet
+        past it reads up to it, and if it makes all ``batches`` its layout ends the epoch
+        (counting the packets left over)."""
         plan, engine = self.plan, self.engine
         n = share.shape[0]
-        batches = batches or self.chunk_batches
+        most = reach = batches or self.chunk_batches  # batches it makes, and plans to reach
         engine.acquire(slot)
         while True:
-            q = plan.chunk_end(share, pos, tok, batches)
+            q = plan.chunk_end(share, pos, tok, reach)
+            final = own_end is not None and q <= own_end
+            if final:
+                q = own_end
             packets = share[pos:q]
             try:
                 staged = self.stager.stage(packets, slot)
             except TooManyShards:
-                if batches == 1:
+                if reach == 1:
                     raise
-                batches = max(1, batches // 2)  # fewer batches, fewer shards at once
+                reach = max(1, reach // 2)  # fewer batches, fewer shards at once
+                most = min(most, reach)
                 continue
             engine.submit_verdicts(staged, slot, self.vocab)
             if self.stager.prefetches:  # the next chunk's first shards, while this decodes
@@ -68,10 +75,11 @@ class ChunkDecoder:
             host = isinstance(staged.data, np.ndarray)
             plan.corpus.check_headers(packets, staged.data if host else None,
                                       staged.offsets if host else None)
-            layout = self._layout(verdicts, share, pos, tok, counted_upto, batches, q >= n)
+            layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final)
             if layout.batches or layout.end is not None or q >= n:
                 break
-            batches *= 2  # dropped packets held too few tokens: take more of them
+            reach *= 2  # dropped packets held too few tokens: take more of them (as many
+            # batches still: the epoch's last chunk must not make more than it was asked)
         self._build(layout, staged, slot)
         self.stager.after(staged, engine)
         engine.finish(slot)
@@ -80,7 +88,7 @@ class ChunkDecoder:
         return Chunk(slot, layout)
 
     def _layout(self, verdicts: np.ndarray, share: np.ndarray, pos: int, tok: int,
-                counted_upto: int, batches: int, share_ends: bool) -> Layout:
+                counted_upto: int, batches: int, share_ends: bool, final: bool) -> Layout:
         plan = self.plan
         B, T = plan.batch_size, plan.seq_len
         if plan.mode == "padded":
@@ -88,7 +96,7 @@ class ChunkDecoder:
         if plan.mode == "packed":
             return packed_layout(verdicts, batch_size=B, seq_len=T, pos=pos, tok=tok,
                                  counted_from=max(counted_upto - pos, 0), max_batches=batches,
-                                 share_ends=share_ends)
+                                 share_ends=share_ends, final=final)
         return packing_layout(verdicts, lambda at: plan.candidates(share, pos + at) - pos,
                               batch_size=B, row_len=T, pos=pos, max_batches=batches,
                               share_ends=share_ends)

@@ -112,12 +112,14 @@ def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: i
 
 
 def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: int, tok: int,
-                  counted_from: int, max_batches: int, share_ends: bool) -> Layout:
+                  counted_from: int, max_batches: int, share_ends: bool,
+                  final: bool = False) -> Layout:
     """Up to ``max_batches`` batches of windows from stream token ``tok`` of the chunk (which
     starts at share position ``pos``). ``counted_from``: the first chunk packet no earlier batch
     counted. ``share_ends``: the chunk runs to the end of this rank's share, so what its
     batches leave is the epoch's end (``Layout.end``: the rest of its packets, and the tokens
-    left unused). The build plan is ``rows``, ``cum`` (stream position of each row, and the
+    left unused); so is ``final`` when the batches are all ``max_batches``: the chunk ends
+    the epoch's last batch and holds the rest of the share. The build plan is ``rows``, ``cum`` (stream position of each row, and the
     total), ``start`` and ``windows``."""
     per_batch = batch_size * seq_len
     counted_from = min(counted_from, verdicts.shape[0])
@@ -147,7 +149,7 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
     layout = Layout(batches, {"rows": rows, "cum": cum, "start": tok,
                               "windows": n_batches * batch_size},
                     packets_used=first)
-    if share_ends and n_batches < max_batches:
+    if (share_ends and n_batches < max_batches) or (final and n_batches == max_batches):
         end = count(verdicts[first:])
         end["unused_tokens"] = max(total - tok - n_batches * per_batch, 0)
         end["_range"] = (pos + first, pos + verdicts.shape[0])

@@ -24,8 +24,8 @@ Modes:
 
 Order, rank split, mixing and CRC-Drop are ``ndp.order``'s: seeded, a new order every epoch,
 disjoint shares across ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``), and every
-rank delivers the same number of batches per epoch (``ndp.plan``; what that leaves out or
-repeats is counted in ``stats``).
+rank delivers the same number of batches per epoch, ``len(loader)``, known before the epoch is
+read (``ndp.plan``; what that leaves out or repeats is counted in ``stats``).
 Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard groups
 (``mix_by="group"``), or ``mix={"TEXT_CORPUS": 1, "CODE_REPO": 1}`` by packet SRC
 (``mix_by="src"``); every source needs a weight (0 leaves it out, counted).
@@ -84,9 +84,10 @@ from ndp.chunks import ChunkDecoder
 from ndp.corpus import Corpus
 from ndp.engine import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
-from ndp.errors import ConfigError, DataError, LoaderUsageError
+from ndp.errors import ConfigError, LoaderUsageError
 from ndp.order import drop_mask, rank_and_world
 from ndp.plan import Plan
+from ndp.producer import EPOCH_END, Failure, Producer
 from ndp.progress import progress_bar
 from ndp.serve import Ring
 from ndp.state import check_state, seal
@@ -115,14 +116,6 @@ def _stop_all() -> None:
     in a script that simply ended without ``close()``."""
     for loader in list(_LIVE):
         loader._stop_producer()
-
-
-class _Failure:
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-_EPOCH_END = object()  # the producer's last item of an epoch
 
 
 class Loader:
@@ -211,7 +204,7 @@ class Loader:
         self.counters = self.engine.counters
         # slots: the queue's max(1, prefetch) chunks, the producer's one, the consumer's two
         self._ring = Ring(self.engine, max(1, prefetch) + 3, output=output)
-        self._producer = _Producer(self.plan, ChunkDecoder(
+        self._producer = Producer(self.plan, ChunkDecoder(
             self.engine, stager, self.plan, pad_token_id=pad_token_id,
             chunk_batches=self.chunk_batches, vocab=self.vocab_size), self._ring)
         self._state = {"epoch": 0, "pos": 0, "tok": 0, "batch": 0}
@@ -251,6 +244,13 @@ class Loader:
     def epoch(self) -> int:
         return self._state["epoch"]
 
+    def __len__(self) -> int:
+        """Batches this rank delivers in the current epoch (the one the next loop continues or
+        starts), exact before the epoch is read: every rank delivers as many, whatever is
+        corrupt (``ndp.plan``). After a resume mid-epoch the next loop delivers
+        ``len(loader) - state_dict()["batch"]`` of them. With mixing it may differ by epoch."""
+        return self.plan.share(self.epoch).batches
+
     # ----------------------------------------------------------------------------- iterate
     def __iter__(self) -> Iterator[dict]:
         """The rest of the current epoch; the next ``iter()`` starts the next epoch.
@@ -267,8 +267,9 @@ class Loader:
             self._active = token
             if self._thread is None:
                 self._start_producer()
-        bar = progress_bar(total=None, desc=f"ndp epoch {self.epoch}", enabled=self.progress,
-                           unit="batch")
+        bar = progress_bar(total=len(self) if self.progress else None,
+                           initial=self._state["batch"], desc=f"ndp epoch {self.epoch}",
+                           enabled=self.progress, unit="batch")
         finished = False
         try:
             with bar:
@@ -280,7 +281,7 @@ class Loader:
                     t = time.perf_counter()
                     item = self._get()
                     self.stats.wait_seconds += time.perf_counter() - t
-                    if item[0] is _EPOCH_END:
+                    if item[0] is EPOCH_END:
                         _, self._state, counted = item
                         self.stats.add(counted)
                         finished = True
@@ -307,7 +308,7 @@ class Loader:
                     self._thread = None
                     raise RuntimeError("ndp loader: the producer thread ended without a result")
                 continue
-            if isinstance(item, _Failure):
+            if isinstance(item, Failure):
                 self._stop_producer()
                 raise item.exc
             return item
@@ -357,98 +358,3 @@ class Loader:
                 pass
             thread.join(timeout=0.05)
         self._thread = None
-
-
-class _Producer:
-    """The producer thread's work: plan, stage, decode, chunk after chunk, epoch after epoch.
-    It references only what makes batches, not the ``Loader`` the consumer holds, so dropping
-    the last reference to a ``Loader`` collects it (and its ``__del__`` stops the thread)."""
-
-    def __init__(self, plan: Plan, chunks: ChunkDecoder, ring: Ring) -> None:
-        self.plan, self.chunks, self.ring = plan, chunks, ring
-        self._size = 1  # batches in the next chunk
-
-    def run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
-        """Put ``("chunk", epoch, Chunk)`` and, at each epoch's end, ``(_EPOCH_END, next
-        state, what the end counted)`` into ``out`` from ``state`` on, until ``stop``; an
-        exception is handed to the consumer in place of a chunk."""
-        def put(item: Any) -> bool:
-            while not stop.is_set():
-                try:
-                    out.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        # the first chunks after a start are small (1, 2, 4, ... batches): the first batch
-        # comes after one batch's decode, not a whole chunk's
-        self._size = 1
-        try:
-            while not stop.is_set():
-                tail = self._epoch(state, put, stop)
-                if tail is None:
-                    return
-                state = tail[1]
-                if not put(tail):
-                    return
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            put(_Failure(exc))
-
-    def _epoch(self, state: dict, put: Any, stop: threading.Event) -> tuple | None:
-        """The chunks of the rest of ``state``'s epoch; returns the epoch's end item (None if
-        stopped)."""
-        plan = self.plan
-        epoch, pos, tok, done = state["epoch"], state["pos"], state["tok"], state["batch"]
-        sh = plan.share(epoch)
-        share, n, cap = sh.packets, sh.packets.shape[0], sh.batches
-        fresh = pos == 0 and tok == 0
-        pending = {"dropped_on_purpose": sh.dropped} if fresh else {}
-        counted_upto = pos  # share positions before this were counted by an earlier batch
-        end: dict = {}
-        while pos < n and (cap is None or done < cap):
-            slot = self.ring.acquire(stop)
-            if slot is None:
-                return None
-            size = self._size if cap is None else min(self._size, cap - done)
-            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size)
-            self._size = min(2 * self._size, self.chunks.chunk_batches)
-            layout = chunk.layout
-            for batch in layout.batches:
-                done += 1
-                batch.state["batch"] = done
-                a, b = batch.counted["_range"]
-                if b > sh.length:  # packed: past the share's own packets, repeating it
-                    batch.counted["repeated"] = b - max(a, sh.length)
-                plan.by_source(share, batch.counted)
-            if layout.batches:
-                layout.batches[0].counted.update(pending)
-                pending = {}
-                counted_upto = (pos + layout.packets_used if plan.mode == "packed"
-                                else layout.batches[-1].state["pos"])
-                pos, tok = layout.batches[-1].state["pos"], layout.batches[-1].state["tok"]
-                if not put(("chunk", epoch, chunk)):
-                    return None
-            else:
-                self.ring.give_back(slot)
-            if layout.end is not None:
-                end = layout.end
-                plan.by_source(share, end)
-                break
-            if not layout.batches:
-                break
-        if cap is not None and done < cap:
-            raise DataError(
-                f"rank {plan.rank}: epoch {epoch} holds too few valid tokens to deliver the "
-                f"{cap} batches every rank delivers (it delivered {done}, even repeating its "
-                f"share); its shards are mostly corrupt: run 'ndp verify' on the data")
-        if cap is not None:
-            # every rank stops at the same batch: the rest of this share, and what was cut
-            # from its end to make the shares equal, is left out, counted
-            left = sh.balanced + max(sh.length - counted_upto, 0)
-            if left:
-                end["rank_balance"] = left
-        end.update(pending)
-        if sh.mix_unused:
-            end["mix_unused"] = sh.mix_unused
-        return (_EPOCH_END, {"epoch": epoch + 1, "pos": 0, "tok": 0, "batch": 0}, end)

@@ -4,14 +4,15 @@ chunks (the first stage of the Loader's pipeline: plan, stage, decode, serve).
 The order, rank split, CRC-Drop and mixing are ``ndp.order``'s pure functions of the seed and
 epoch.
 
-With several ranks, every rank delivers the same number of batches each epoch (else a
-distributed training loop waits on a collective that one rank never joins): each rank works
-out every rank's share (no communication: all of it is a function of the seed, the epoch and
-the index), the shares are cut to the shortest one's packet count (what is cut is counted as
-``rank_balance``), and the epoch's batch count is the smallest any rank's share makes by the
-index. That count is exact for ``padded`` and ``packing`` batches whatever is corrupt; in
-``packed`` mode a rank whose corrupt packets leave its stream short goes on from the start of its
-share (counted as ``repeated``) to deliver it. A chunk is a run of consecutive packets of the share that holds ``batches`` batches by
+Every epoch has a batch count known before it starts (``len(loader)``), and every rank delivers
+that many (else a distributed training loop waits on a collective that one rank never joins):
+each rank works out every rank's share (no communication: all of it is a function of the seed,
+the epoch and the index), the shares are cut to the shortest one's packet count (what is cut is
+counted as ``rank_balance``), and the epoch's batch count is the smallest any rank's share
+makes by the index. That count is exact for ``padded`` and ``packing`` batches whatever is
+corrupt (a corrupt packet makes its batch shorter, not absent); in ``packed`` mode a rank whose
+corrupt packets leave its stream short goes on from the start of its share (counted as
+``repeated``) to deliver it, with one rank as with several. A chunk is a run of consecutive packets of the share that holds ``batches`` batches by
 the index's token counts; the batches themselves are laid out after decoding (``ndp.layout``),
 from what the packets really hold, so the cut never changes a batch: with fewer batches per
 chunk, or more, the Loader delivers the same ones.
@@ -34,12 +35,11 @@ from ndp.order import drop_mask, epoch_order, mix, rank_share
 class Share:
     """This rank's packets of one epoch (see the module docstring)."""
 
-    #: share position -> global packet number; in packed mode with several ranks the share
-    #: twice over (positions from ``length`` on repeat it, for a rank left short by corruption)
+    #: share position -> global packet number; in packed mode the share twice over (positions
+    #: from ``length`` on repeat it, for a rank left short by corruption)
     packets: np.ndarray
     length: int  #: the share's own packets
-    #: batches every rank delivers this epoch; None with one rank (the share's end ends it)
-    batches: int | None
+    batches: int  #: batches every rank delivers this epoch (``len(loader)``)
     dropped: int = 0  #: CRC-Drop: packets of this rank's part of the order dropped on purpose
     mix_unused: dict = field(default_factory=dict)  #: mixing: per source, packets left unused
     balanced: int = 0  #: packets cut from the share's end so that every rank has as many
@@ -56,32 +56,32 @@ class Plan:
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
         self.crc_drop_rate = crc_drop_rate
         self._setup_mix(mix, mix_by)
-        self._share_cache: tuple | None = None
+        self._shares: dict[int, Share] = {}
         self._memo_share: np.ndarray | None = None
         self._memo: dict[int, int] = {}
 
     # ------------------------------------------------------------------------------ shares
     def share(self, epoch: int) -> Share:
         """This rank's ``Share`` of ``epoch`` (after CRC-Drop, mixing and the rank balance)."""
-        if self._share_cache is not None and self._share_cache[0] == epoch:
-            return self._share_cache[1]
+        have = self._shares.get(epoch)
+        if have is not None:
+            return have
         within = "phase" if self.mode == "packed" else "permute"
         order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
                             within=within)
         dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
                             rate=self.crc_drop_rate)
-        if self.world_size == 1:
-            kept, n_dropped, unused = self._kept(order, dropped, epoch, 0)
-            share = Share(kept, kept.shape[0], None, n_dropped, unused)
-        else:
-            every = [self._kept(order, dropped, epoch, r) for r in range(self.world_size)]
-            m = min(k.shape[0] for k, _, _ in every)
-            kept, n_dropped, unused = every[self.rank]
-            batches = min(self.batches_of(k[:m]) for k, _, _ in every)
-            own = kept[:m]
-            packets = np.concatenate([own, own]) if self.mode == "packed" else own
-            share = Share(packets, m, batches, n_dropped, unused, kept.shape[0] - m)
-        self._share_cache = (epoch, share)
+        every = [self._kept(order, dropped, epoch, r) for r in range(self.world_size)]
+        m = min(k.shape[0] for k, _, _ in every)
+        kept, n_dropped, unused = every[self.rank]
+        batches = min(self.batches_of(k[:m]) for k, _, _ in every)
+        own = kept[:m]
+        packets = np.concatenate([own, own]) if self.mode == "packed" else own
+        share = Share(packets, m, batches, n_dropped, unused, kept.shape[0] - m)
+        # the producer works an epoch ahead of the consumer (and of len()): keep two
+        self._shares[epoch] = share
+        while len(self._shares) > 2:
+            self._shares.pop(next(iter(self._shares)), None)
         return share
 
     def _kept(self, order: np.ndarray, dropped: np.ndarray, epoch: int,

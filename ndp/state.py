@@ -93,19 +93,18 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
             raise LoaderStateError(f"loader state has {key}={state.get(key)!r}, this loader "
                                    f"{mine[key]!r}; resume with the same settings and shards")
     epoch, pos, tok = _int(state, "epoch"), _int(state, "pos"), _int(state, "tok")
-    batch = _int(state, "batch") if version == mine["version"] else 0
     if epoch < 0:
         raise LoaderStateError(f"loader state epoch {epoch} is negative")
     sh = plan.share(epoch)
     share, n = sh.packets, sh.packets.shape[0]
-    if sh.batches is not None:
-        most, what = sh.batches, "every rank delivers"
-    else:  # one rank: corrupt packets can only shorten a padded or packed epoch
-        most = n if plan.mode == "packing" else plan.batches_of(share)
-        what = "this rank delivers at most"
-    if not 0 <= batch <= most:
+    if version == mine["version"]:
+        batch = _int(state, "batch")
+    else:  # one rank (above): the batches before the position, by the index
+        batch = _batches_before(plan, share, min(_int(state, "pos"), sh.length),
+                                _int(state, "tok"))
+    if not 0 <= batch <= sh.batches:
         raise LoaderStateError(f"loader state batch {batch} is outside epoch {epoch}, in which "
-                               f"{what} {most} batches")
+                               f"every rank delivers {sh.batches} batches")
     if not 0 <= pos <= n:
         raise LoaderStateError(f"loader state position {pos} is outside epoch {epoch}, whose "
                                f"share holds {n} packets on this rank")
@@ -117,3 +116,15 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
             f"loader state token offset {tok} lies past the end of packet {pos} of epoch "
             f"{epoch} (a state points inside the packet the next window starts in)")
     return {"epoch": epoch, "pos": pos, "tok": tok, "batch": batch}
+
+
+def _batches_before(plan: Plan, share: Any, pos: int, tok: int) -> int:
+    """Batches delivered before share position ``pos`` (and token ``tok``) by the index: exact
+    for padded and packing batches; in packed mode exact unless packets before it were
+    corrupt (then the epoch ends that many batches early)."""
+    if plan.mode == "padded":
+        return -(-pos // plan.batch_size)
+    if plan.mode == "packing":
+        return plan.batches_of(share[:pos]) if pos else 0
+    tokens = int(plan.corpus.tokens[share[:pos]].sum()) + max(tok, 0)
+    return tokens // (plan.batch_size * plan.seq_len)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from ndp.errors import DataError
 from ndp.loader import Loader
@@ -90,6 +90,42 @@ def test_every_rank_the_same_batches_and_every_packet_counted(tmp_path_factory, 
     assert len(set(counts)) == 1, counts
     assert sum(left_out(loader) for loader in ls) == len(lengths)
     assert all(loader.stats.repeated == 0 for loader in ls)  # nothing corrupt: no repeats
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(0, 40), min_size=12, max_size=45),
+       damaged=st.lists(st.integers(0, 44), max_size=8), world=st.integers(1, 3),
+       mode=st.sampled_from(MODES), batch=st.integers(1, 3), cut=st.integers(1, 5))
+def test_len_is_the_exact_batch_count_of_each_epoch(tmp_path_factory, lengths, damaged, world,
+                                                    mode, batch, cut):
+    """``len(loader)`` before an epoch is what it delivers, whatever is corrupt, on every rank,
+    and after a resume mid-epoch the rest is ``len - state["batch"]``."""
+    d = dataset(tmp_path_factory.mktemp("n"), lengths, [])
+    damaged = sorted({k for k in damaged if k < len(lengths) and lengths[k]})
+    corrupt_packets(d, damaged)
+    ls = loaders(d, world, mode, batch_size=batch, seed=2, crc_drop_rate=0.1)
+    for _ in range(2):
+        for loader in ls:
+            promised = len(loader)
+            try:
+                assert epoch_of(loader) == promised
+            except DataError:  # packed: too little valid data to deliver it, said loudly
+                assert mode == "packed" and damaged
+                event("too little valid data")
+                return
+    loader = ls[-1]
+    promised = len(loader)
+    it = iter(loader)
+    for _ in range(min(cut, promised)):
+        next(it)
+    state = loader.state_dict()
+    loader.close()
+    again = loaders(d, world, mode, batch_size=batch, seed=2, crc_drop_rate=0.1)[-1]
+    again.load_state_dict(state)
+    assert len(again) == promised
+    assert epoch_of(again) == promised - state["batch"]
+    event(f"{mode}, {'damaged' if damaged else 'intact'}, resumed at {state['batch']} of "
+          f"{promised}" if 0 < state["batch"] < promised else "resumed at an end")
 
 
 def test_mixing_ranks_get_equal_batches(tmp_path):
@@ -219,3 +255,21 @@ def test_a_gloo_training_loop_over_uneven_shares_finishes(tmp_path, world):
     counts = [json.loads(out.split("COUNTS", 1)[1]) for out in outs]
     assert all(c == counts[0] for c in counts)
     assert all(n > 0 for ns in counts[0].values() for n in ns)
+
+
+def test_the_progress_bar_shows_the_epoch_length_and_a_resumed_start(tmp_path, capsys):
+    d = dataset(tmp_path, [3 + k % 11 for k in range(31)], cuts=[13])
+    loader = loaders(d, 1, "padded", progress=True)[0]
+    n = len(loader)
+    assert epoch_of(loader) == n == 7
+    assert f"{n}/{n}" in capsys.readouterr().err
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    loader.close()
+    capsys.readouterr()
+    again = loaders(d, 1, "padded", progress=True)[0]
+    again.load_state_dict(state)
+    assert epoch_of(again) == n - 2
+    err = capsys.readouterr().err
+    assert "ndp epoch 1" in err and f"{n}/{n}" in err  # starts at 2 of 7, ends at 7 of 7
