@@ -56,7 +56,8 @@ def _input_format(args: argparse.Namespace) -> str:
 
     if args.format != "auto":
         return args.format
-    found = {p: detect_token_format(p) for p in expand_inputs(args.inputs)}
+    found = {p: detect_token_format(p) if isinstance(p, Path) and p.is_file() else None
+             for p in expand_inputs(args.inputs)}
     tokens = [p for p, f in found.items() if f]
     text = [p for p, f in found.items() if not f]
     if tokens and text:
@@ -69,7 +70,7 @@ def _input_format(args: argparse.Namespace) -> str:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     from ndp.convert import ConvertOptions, convert
-    from ndp.errors import ConfigError
+    from ndp.errors import ConfigError, ConvertError
 
     fmt = _input_format(args)
     if fmt != "text":
@@ -100,8 +101,17 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         eos_token_id=args.eos_id,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        fields={name: column for name, column in (
+            ("text", args.text_field), ("messages", args.messages_field),
+            ("prompt", args.prompt_field), ("completion", args.completion_field)) if column},
+        max_skipped=args.max_skipped,
+        hf_split=args.hf_split,
     )
-    summary = convert(args.inputs, args.output, tokenizer=args.tokenizer, options=opts)
+    try:
+        summary = convert(args.inputs, args.output, tokenizer=args.tokenizer, options=opts)
+    except ConvertError as err:  # the inputs' records: like damage found, exit 1
+        print(f"ndp convert: {err}", file=sys.stderr)
+        return 1
     print(summary.describe())
     return 0
 
@@ -300,8 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ndp {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("convert", help="JSONL / Parquet / text / token files -> NDP shards")
-    p.add_argument("inputs", nargs="+", help="input files or directories")
+    p = sub.add_parser("convert", help="JSONL / JSON / Parquet / Arrow / HF datasets / text / "
+                                       "token files -> NDP shards")
+    p.add_argument("inputs", nargs="+",
+                   help="input files or directories: JSON Lines and JSON (compressed or not), "
+                        "Parquet, Arrow, save_to_disk folders, hf:NAME[@CONFIG] (a Hugging "
+                        "Face dataset in the local cache), plain text, token files")
     p.add_argument("output", help="output directory for shards, indexes and ndp.json")
     p.add_argument("--format", choices=("auto", "text", "llmc", "llmq", "raw-u16"),
                    default="auto",
@@ -323,7 +337,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DST tag: " + ", ".join(m.name.lower() for m in Dst))
     p.add_argument("--token-width", type=int, choices=(0, 2, 4), default=0,
                    help="bytes per token; 0 = 2 if the vocabulary fits, else 4")
-    p.add_argument("--strict", action="store_true", help="stop at the first bad record")
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first bad record, and refuse fields no schema has "
+                        "(by default other columns, such as id or url, are ignored)")
+    for name, example in (("text", "content"), ("messages", "conversations"),
+                          ("prompt", "question"), ("completion", "answer")):
+        p.add_argument(f"--{name}-field", default=None, metavar="COLUMN",
+                       help=f"read COLUMN as the records' {name} (e.g. {example})")
+    p.add_argument("--max-skipped", type=float, default=0.01, metavar="SHARE",
+                   help="fail (exit 1, nothing written) if more than this share of the records "
+                        "is skipped as bad")
+    p.add_argument("--hf-split", default="train",
+                   help="the split of a DatasetDict save_to_disk folder or an hf: dataset")
     p.add_argument("--batch-size", type=int, default=512, help="records per tokenizer call")
     p.add_argument("--shard-size-mb", type=float, default=256, help="roll over at this size")
     p.add_argument("--text-unit", choices=("file", "line"), default="file",

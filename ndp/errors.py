@@ -33,6 +33,11 @@ class DataError(NDPError):
     the batches every rank must deliver); the message names the data and what to check."""
 
 
+class ConvertError(DataError):
+    """A conversion that would write nothing, or skip more of its records than allowed; nothing
+    is committed (the output is left as it was) and the message says what to change."""
+
+
 class RecordError(NDPError, ValueError):
     """An input record cannot be converted.
 

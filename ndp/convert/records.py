@@ -4,7 +4,8 @@ Every record becomes one ``Example``: a text plus the character spans of it that
 targets. Tokenizing the whole text once (with offsets) keeps the tokens exactly the tokenizer's
 output for that text; a token is a target when its first character lies in a target span.
 
-Schemas (one per record; ``id``, ``meta``, ``metadata`` and ``source`` may accompany any):
+Schemas (one per record; any other field, such as a dataset's ``id``, ``url`` or ``dump``
+columns, is ignored, or refused with ``strict``):
 
 * ``{"text": str}``: pretraining text, every token a target.
 * ``{"messages": [{"role": ..., "content": str}, ...]}``: a chat, rendered by the tokenizer's
@@ -12,6 +13,10 @@ Schemas (one per record; ``id``, ``meta``, ``metadata`` and ``source`` may accom
 * ``{"prompt": str, "completion": str}``: the prompt is masked, the completion is the target.
 * ``{"instruction": str, "input": str (optional), "output": str}``: rendered with the Alpaca
   template (``ALPACA_PROMPT``); the output is the target.
+
+``fields`` names the columns that play a schema's fields when a dataset calls them otherwise,
+e.g. ``{"text": "content"}``: that column is read as the text, and a column of the schema's own
+name is then ignored.
 """
 
 from __future__ import annotations
@@ -70,11 +75,13 @@ def _string(record: dict[str, Any], key: str, where: str, *, allow_empty: bool =
     return value
 
 
-def schema_of(record: dict[str, Any], where: str) -> str:
-    """The schema a record follows; ``RecordError`` naming the offending field if none fits."""
+def schema_of(record: dict[str, Any], where: str, *, strict: bool = False) -> str:
+    """The schema a record follows (fields that are no schema's are ignored, or refused with
+    ``strict``); ``RecordError`` naming the offending field if none fits."""
     present = {k for k, v in record.items() if v is not None}
     unknown = sorted(present - KNOWN_FIELDS)
-    if unknown:
+    present -= set(unknown)
+    if unknown and strict:
         raise RecordError(
             where,
             f"unknown field {unknown[0]!r}; records take one of: "
@@ -85,12 +92,29 @@ def schema_of(record: dict[str, Any], where: str) -> str:
     fields = present - METADATA_FIELDS
     matches = [name for name, (req, opt) in SCHEMAS.items() if req <= fields <= req | opt]
     if len(matches) != 1:
+        others = f" (ignored: {', '.join(unknown)})" if unknown else ""
         raise RecordError(
             where,
-            f"fields {sorted(fields)} match no single schema; expected exactly one of: "
-            + "; ".join("+".join(sorted(req)) for req, _ in SCHEMAS.values()),
+            f"fields {sorted(fields)}{others} match no single schema; expected exactly one of: "
+            + "; ".join("+".join(sorted(req)) for req, _ in SCHEMAS.values())
+            + "; name the columns that hold them with --text-field, --messages-field, "
+            "--prompt-field, --completion-field",
+            kind="no_schema",
         )
     return matches[0]
+
+
+def rename_fields(record: dict[str, Any], fields: dict[str, str], where: str) -> dict[str, Any]:
+    """``record`` with each column ``fields[f]`` read as schema field ``f`` (see the module
+    docstring); ``RecordError`` if a named column is missing."""
+    out = dict(record)
+    for field, column in fields.items():
+        if column not in record:
+            raise RecordError(where, f"no column {column!r} (named for {field!r}); the record "
+                              f"has {sorted(record)}", kind="missing_field")
+        out.pop(field, None)
+        out[field] = out.pop(column)
+    return out
 
 
 def _chat_example(
@@ -132,11 +156,15 @@ def _chat_example(
     return Example(where, full, tuple(targets))
 
 
-def to_example(record: Any, where: str, *, render_chat: ChatRenderer | None = None) -> Example:
-    """Turn one parsed record into an ``Example``; ``RecordError`` if it is malformed."""
+def to_example(record: Any, where: str, *, render_chat: ChatRenderer | None = None,
+               fields: dict[str, str] | None = None, strict: bool = False) -> Example:
+    """Turn one parsed record into an ``Example`` (``fields``: columns renamed to schema
+    fields; ``strict``: refuse fields no schema has); ``RecordError`` if it is malformed."""
     if not isinstance(record, dict):
         raise RecordError(where, f"a record must be a JSON object, got {type(record).__name__}")
-    schema = schema_of(record, where)
+    if fields:
+        record = rename_fields(record, fields, where)
+    schema = schema_of(record, where, strict=strict)
     if schema == "text":
         text = _string(record, "text", where)
         return Example(where, text, ((0, len(text)),))

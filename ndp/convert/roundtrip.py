@@ -33,11 +33,12 @@ def _expected(inputs, tokenizer: str, manifest: dict, text_unit: str) -> Iterato
     render = chat_renderer(tok)
     eos = manifest["tokenizer"]["eos_token_id"]
     n_max, overflow = manifest["max_tokens"], manifest["overflow"]
+    fields = manifest.get("fields") or {}
     for where, record, _ in read_inputs(inputs, text_unit=text_unit):
-        if isinstance(record, RecordError):
+        if record is None or isinstance(record, RecordError):
             continue
         try:
-            example = to_example(record, where, render_chat=render)
+            example = to_example(record, where, render_chat=render, fields=fields)
         except RecordError:
             continue
         enc = tok(example.text, add_special_tokens=False, return_offsets_mapping=True)

@@ -104,9 +104,10 @@ def test_parquet_and_text_inputs(tmp_path, tokenizer_dir):
 def test_bad_records_are_skipped_and_counted_or_fatal(tmp_path, tokenizer_dir, caplog):
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": "good"}, "{not json", {"txt": "typo"},
                                               {"text": "also good"}])
-    summary = convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
+    summary = convert([src], tmp_path / "out", tokenizer=tokenizer_dir,
+                      options=opts(max_skipped=0.5))
     assert summary.examples == 2
-    assert summary.skipped == {"bad_json": 1, "unknown_field": 1}
+    assert summary.skipped == {"bad_json": 1, "no_schema": 1}
     assert f"{src}:2" in caplog.text and f"{src}:3" in caplog.text
     with pytest.raises(RecordError) as info:
         convert([src], tmp_path / "strict", tokenizer=tokenizer_dir, options=opts(strict=True))

@@ -47,9 +47,9 @@ def test_chat_targets_are_the_rendered_assistant_turns():
 @pytest.mark.parametrize(
     ("record", "kind", "words"),
     [
-        ({"text": "x", "labels": [1]}, "unknown_field", "unknown field 'labels'"),
-        ({"prompt": "x"}, "bad_record", "match no single schema"),
-        ({"text": "x", "prompt": "p", "completion": "c"}, "bad_record", "match no single schema"),
+        ({"prompt": "x"}, "no_schema", "match no single schema"),
+        ({"text": "x", "prompt": "p", "completion": "c"}, "no_schema", "match no single schema"),
+        ({"content": "x", "url": "u"}, "no_schema", "(ignored: content, url)"),
         ({"text": 5}, "bad_record", "must be a string"),
         ({"text": ""}, "empty", "is empty"),
         ([1, 2], "bad_record", "JSON object"),
@@ -79,3 +79,23 @@ def test_chat_template_that_is_not_prefix_stable_is_refused():
                                  {"role": "assistant", "content": "a"}]}, "f:1",
                    render_chat=unstable)
     assert info.value.kind == "template"
+
+
+def test_columns_no_schema_reads_are_ignored_unless_strict():
+    """FineWeb-style rows: text plus id, dump, url, ... columns."""
+    row = {"text": "doc", "id": "<urn>", "dump": "CC-MAIN", "url": "http://x", "score": 3.1}
+    assert to_example(row, "f:1").text == "doc"
+    with pytest.raises(RecordError) as info:
+        to_example(row, "f:1", strict=True)
+    assert info.value.kind == "unknown_field" and "'dump'" in str(info.value)
+
+
+def test_named_columns_play_the_schema_fields():
+    ex = to_example({"content": "body", "text": "a summary"}, "f:1", fields={"text": "content"})
+    assert ex.text == "body"  # the named column, not the one called text
+    ex = to_example({"question": "Q?", "answer": " A"}, "f:1",
+                    fields={"prompt": "question", "completion": "answer"})
+    assert ex.text == "Q? A" and ex.targets == ((2, 4),)
+    with pytest.raises(RecordError) as info:
+        to_example({"body": "x"}, "f:9", fields={"text": "content"})
+    assert info.value.kind == "missing_field" and "'content'" in str(info.value)
