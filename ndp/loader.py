@@ -28,7 +28,10 @@ rank delivers the same number of batches per epoch, ``len(loader)``, known befor
 read (``ndp.plan``; what that leaves out or repeats is counted in ``stats``).
 Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard groups
 (``mix_by="group"``), or ``mix={"TEXT_CORPUS": 1, "CODE_REPO": 1}`` by packet SRC
-(``mix_by="src"``); every source needs a weight (0 leaves it out, counted).
+(``mix_by="src"``); every source needs a weight (0 leaves it out, counted). ``mix_size``: the
+epoch ends when a source runs out (``"shortest"``, default), when every source is used whole,
+the smaller ones repeated (``"longest"``), or after that many packets (an int, all ranks
+together); repeats and leftovers are counted per source (``ndp.order.mix``).
 
 A packet a model cannot take is dropped and counted like a corrupt one: one with no tokens
 (``EMPTY``: its row would be all padding, a loss of 0/0) and one with a token id at or past the
@@ -143,6 +146,7 @@ class Loader:
         progress: bool = False,
         mix: dict[str | int, float] | None = None,
         mix_by: str = "group",
+        mix_size: str | int = "shortest",
         verify: str = "size",
         manifest: str = "check",
         vocab_size: int | None = None,
@@ -187,7 +191,8 @@ class Loader:
             min(CHUNK_BATCHES_MAX, CHUNK_TOKENS[self.backend] // (batch_size * seq_len)))
         self.plan = Plan(self.corpus, mode=mode, batch_size=batch_size, seq_len=seq_len,
                          shuffle=shuffle, seed=seed, rank=self.rank, world_size=self.world_size,
-                         crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by)
+                         crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by,
+                         mix_size=mix_size)
         if self.backend == "cuda":
             from ndp.cuda_engine import CudaEngine
             from ndp.device_shards import DeviceShards
@@ -226,7 +231,8 @@ class Loader:
                 "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
                 "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
-                "mix": self.plan.mix_spec, "fingerprint": self.corpus.fingerprint,
+                "mix": self.plan.mix_spec, "mix_size": self.plan.mix_size,
+                "fingerprint": self.corpus.fingerprint,
                 "vocab_size": self.vocab_size,
                 **self._state})
 

@@ -11,9 +11,13 @@ talking to the others.
   every packet is seen exactly once per epoch across the ranks, no two ranks share one, and the
   ranks' counts differ by at most one.
 * mixing: a rank's share is split by source (shard group or SRC type, each part keeping its
-  order) and the parts are interleaved by a seeded weighted draw per packet; the epoch ends when
-  a source runs out, so the proportions hold throughout (what the other sources had left is
-  counted, not silently dropped).
+  order) and the parts are interleaved by a seeded weighted draw per packet. How long the
+  epoch is (``mix_size``): ``"shortest"`` (default) ends it when a source runs out, so the
+  proportions hold throughout and no packet comes twice (what the other sources had left is
+  counted, not silently dropped); ``"longest"`` runs until every source is used whole,
+  repeating the smaller ones (Megatron's blended datasets, MosaicML's ``repeat``); a number of
+  packets per epoch gives each source its share of them, repeated or cut (MosaicML's
+  ``choose``). Repeats and leftovers are counted per source.
 * CRC-Drop (``crc_drop_rate``): a seeded fraction of packets is dropped on purpose each epoch,
   decided per packet number (the same packets whatever the rank split), counted apart from
   real corruption.
@@ -87,34 +91,74 @@ def drop_mask(n_packets: int, *, seed: int, epoch: int, rate: float) -> np.ndarr
     return rng.random(n_packets) < rate
 
 
-def mix(parts: list[np.ndarray], weights: np.ndarray, *, seed: int, epoch: int,
-        rank: int) -> tuple[np.ndarray, np.ndarray]:
+MIX_SIZES = ("shortest", "longest")
+
+
+def mix(parts: list[np.ndarray], weights: np.ndarray, *, seed: int, epoch: int, rank: int,
+        size: str | int = "shortest") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Interleave ``parts`` (each in its own order) by a seeded draw with probabilities
-    ``weights``, up to the first draw of a part that has run out. Returns the merged packets
-    and, per part, how many of its packets the epoch left unused."""
+    ``weights``. ``size`` says how long: ``"shortest"``, up to the first draw of a part that
+    has run out (no packet twice); ``"longest"``, until every part is used whole, the others
+    repeated (their packets again, in the same order) to keep the proportions; an int, that
+    many packets, each part giving its share (repeated, or only its first packets). Returns
+    the merged packets and, per part, how many of its packets the epoch left unused and how
+    many it took a second (or further) time."""
     weights = np.asarray(weights, dtype=np.float64)
     if weights.shape[0] != len(parts) or (weights < 0).any() or weights.sum() <= 0:
         raise ConfigError(f"mixing weights must be >= 0 with a positive sum, one per source; "
                           f"got {weights.tolist()} for {len(parts)} sources")
+    check_mix_size(size)
     sizes = np.array([p.shape[0] for p in parts], np.int64)
     # a source with nothing in this share (or weight 0) is not drawn: drawing an empty one
     # would end the epoch before it starts
     active = weights * (sizes > 0)
     total = int(sizes[active > 0].sum())
+    none = np.zeros(len(parts), np.int64)
     if total == 0:
-        return np.zeros(0, np.int64), sizes
+        return np.zeros(0, np.int64), sizes, none
+    p = active / active.sum()
     rng = np.random.Generator(np.random.PCG64([seed, epoch, rank, _MIX_STREAM]))
-    draws = rng.choice(len(parts), size=total + 1, p=active / active.sum())
-    stop = total + 1
-    for g, n in enumerate(sizes):
-        occ = np.flatnonzero(draws == g)
-        if occ.shape[0] > n:
-            stop = min(stop, int(occ[n]))
-    draws = draws[:stop]
-    merged = np.empty(stop, np.int64)
+    if size == "shortest":
+        draws = rng.choice(len(parts), size=total + 1, p=p)
+        stop = total + 1
+        for g, n in enumerate(sizes):
+            occ = np.flatnonzero(draws == g)
+            if occ.shape[0] > n:
+                stop = min(stop, int(occ[n]))
+        draws = draws[:stop]
+    else:
+        if size == "longest":
+            length = int(np.ceil(max(sizes[g] / p[g] for g in range(len(parts)) if p[g] > 0)
+                                 - 1e-9))
+        else:
+            length = int(size)
+        counts = _apportion(p, length)
+        if size == "longest":  # every packet at least once, whatever the rounding
+            counts = np.maximum(counts, np.where(p > 0, sizes, 0))
+        draws = rng.permutation(np.repeat(np.arange(len(parts)), counts))
+    merged = np.empty(draws.shape[0], np.int64)
     used = np.zeros(len(parts), np.int64)
     for g, part in enumerate(parts):
         at = np.flatnonzero(draws == g)
-        merged[at] = part[: at.shape[0]]
+        if at.shape[0]:
+            merged[at] = part[np.arange(at.shape[0]) % part.shape[0]]
         used[g] = at.shape[0]
-    return merged, sizes - used
+    return merged, np.maximum(sizes - used, 0), np.maximum(used - sizes, 0)
+
+
+def _apportion(p: np.ndarray, total: int) -> np.ndarray:
+    """``total`` split in proportion to ``p`` in whole numbers (largest remainders)."""
+    exact = p * total
+    counts = np.floor(exact).astype(np.int64)
+    short = total - int(counts.sum())
+    if short > 0:
+        counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
+    return counts
+
+
+def check_mix_size(size: str | int) -> None:
+    """``ConfigError`` unless ``size`` is one of ``MIX_SIZES`` or a positive int."""
+    if isinstance(size, bool) or not (size in MIX_SIZES or (
+            isinstance(size, (int, np.integer)) and size > 0)):
+        raise ConfigError(f"mix_size must be one of {MIX_SIZES} or a positive number of "
+                          f"packets per epoch, got {size!r}")

@@ -28,7 +28,7 @@ import numpy as np
 from ndp.packing import count_batches, plan as place
 from ndp.corpus import Corpus
 from ndp.errors import ConfigError
-from ndp.order import drop_mask, epoch_order, mix, rank_share
+from ndp.order import check_mix_size, drop_mask, epoch_order, mix, rank_share
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class Share:
     batches: int  #: batches every rank delivers this epoch (``len(loader)``)
     dropped: int = 0  #: CRC-Drop: packets of this rank's part of the order dropped on purpose
     mix_unused: dict = field(default_factory=dict)  #: mixing: per source, packets left unused
+    mix_repeated: dict = field(default_factory=dict)  #: mixing: per source, packets taken again
     balanced: int = 0  #: packets cut from the share's end so that every rank has as many
 
 
@@ -50,11 +51,13 @@ class Plan:
 
     def __init__(self, corpus: Corpus, *, mode: str, batch_size: int, seq_len: int,
                  shuffle: bool, seed: int, rank: int, world_size: int, crc_drop_rate: float,
-                 mix: dict | None, mix_by: str) -> None:
+                 mix: dict | None, mix_by: str, mix_size: str | int = "shortest") -> None:
         self.corpus, self.mode = corpus, mode
         self.batch_size, self.seq_len = batch_size, seq_len
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
         self.crc_drop_rate = crc_drop_rate
+        check_mix_size(mix_size)
+        self.mix_size = mix_size if isinstance(mix_size, str) else int(mix_size)
         self._setup_mix(mix, mix_by)
         self._shares: dict[int, Share] = {}
         self._memo_share: np.ndarray | None = None
@@ -72,12 +75,12 @@ class Plan:
         dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
                             rate=self.crc_drop_rate)
         every = [self._kept(order, dropped, epoch, r) for r in range(self.world_size)]
-        m = min(k.shape[0] for k, _, _ in every)
-        kept, n_dropped, unused = every[self.rank]
-        batches = min(self.batches_of(k[:m]) for k, _, _ in every)
+        m = min(k.shape[0] for k, *_ in every)
+        kept, n_dropped, unused, again = every[self.rank]
+        batches = min(self.batches_of(k[:m]) for k, *_ in every)
         own = kept[:m]
         packets = np.concatenate([own, own]) if self.mode == "packed" else own
-        share = Share(packets, m, batches, n_dropped, unused, kept.shape[0] - m)
+        share = Share(packets, m, batches, n_dropped, unused, again, kept.shape[0] - m)
         # the producer works an epoch ahead of the consumer (and of len()): keep two
         self._shares[epoch] = share
         while len(self._shares) > 2:
@@ -85,18 +88,24 @@ class Plan:
         return share
 
     def _kept(self, order: np.ndarray, dropped: np.ndarray, epoch: int,
-              rank: int) -> tuple[np.ndarray, int, dict]:
+              rank: int) -> tuple[np.ndarray, int, dict, dict]:
         """Rank ``rank``'s packets of the epoch's ``order`` after CRC-Drop and mixing, how many
-        CRC-Drop removed, and per source how many packets mixing left unused."""
+        CRC-Drop removed, and per source how many packets mixing left unused and took again."""
         share = rank_share(order, rank, self.world_size)
         kept = share[~dropped[share]]
         unused_by_source: dict[str, int] = {}
+        again_by_source: dict[str, int] = {}
         if self._mix_keys is not None:
             key = self._source_key(kept)
             parts = [kept[key == k] for k in range(len(self._mix_names))]
-            kept, unused = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch, rank=rank)
+            size = self.mix_size
+            if not isinstance(size, str):  # packets per epoch, all ranks: this rank's part
+                size = size // self.world_size + (rank < size % self.world_size)
+            kept, unused, again = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch,
+                                      rank=rank, size=size or "shortest")
             unused_by_source = {name: int(n) for name, n in zip(self._mix_names, unused) if n}
-        return kept, int(dropped[share].sum()), unused_by_source
+            again_by_source = {name: int(n) for name, n in zip(self._mix_names, again) if n}
+        return kept, int(dropped[share].sum()), unused_by_source, again_by_source
 
     def batches_of(self, share: np.ndarray) -> int:
         """Batches ``share`` makes by the index's token counts (what it makes when nothing in

@@ -121,4 +121,6 @@ class Producer:
         end.update(pending)
         if sh.mix_unused:
             end["mix_unused"] = sh.mix_unused
+        if sh.mix_repeated:
+            end["mix_repeated"] = sh.mix_repeated
         return (EPOCH_END, {"epoch": epoch + 1, "pos": 0, "tok": 0, "batch": 0}, end)

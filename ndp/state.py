@@ -25,7 +25,7 @@ from ndp.plan import Plan
 
 #: the settings a state must have been made with, besides the dataset
 SETTINGS = ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
-            "crc_drop_rate", "n_packets", "mix", "vocab_size")
+            "crc_drop_rate", "n_packets", "mix", "vocab_size", "mix_size")
 
 
 def checksum(state: dict) -> int:
@@ -89,6 +89,8 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
     for key in SETTINGS:
         if key == "vocab_size" and version in (1, 2):
             continue  # older states did not record it
+        if key == "mix_size" and key not in state and mine[key] == "shortest":
+            continue  # states before mix_size existed mixed this way
         if state.get(key) != mine[key]:
             raise LoaderStateError(f"loader state has {key}={state.get(key)!r}, this loader "
                                    f"{mine[key]!r}; resume with the same settings and shards")

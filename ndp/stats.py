@@ -28,6 +28,8 @@ class LoaderStats:
     wait_seconds: float = 0.0  # consumer time blocked on the producer
     sources: dict[str, int] = field(default_factory=dict)  # mixing: packets per source
     mix_unused: dict[str, int] = field(default_factory=dict)  # mixing: left when an epoch ended
+    #: mixing with mix_size "longest" or a number: packets taken again (upsampled sources)
+    mix_repeated: dict[str, int] = field(default_factory=dict)
     # damage found when a stale index was rebuilt (those bytes are no packets in the index)
     corrupt_regions: int = 0
     corrupt_bytes: int = 0
@@ -44,7 +46,7 @@ class LoaderStats:
         self.unused_tokens += get("unused_tokens", 0)
         self.rank_balance += get("rank_balance", 0)
         self.repeated += get("repeated", 0)
-        for key in ("corrupt", "sources", "mix_unused"):
+        for key in ("corrupt", "sources", "mix_unused", "mix_repeated"):
             found = get(key)
             if found:
                 mine = getattr(self, key)
@@ -60,4 +62,5 @@ class LoaderStats:
             "repeated": self.repeated, "wait_seconds": round(self.wait_seconds, 6),
             "corrupt_regions": self.corrupt_regions, "corrupt_bytes": self.corrupt_bytes,
             "sources": dict(self.sources), "mix_unused": dict(self.mix_unused),
+            "mix_repeated": dict(self.mix_repeated),
         }

@@ -468,7 +468,7 @@ def test_a_batch_stays_valid_until_the_second_batch_after_it_is_taken(corpus_dir
 def test_mixing_skips_a_source_with_nothing_in_this_share():
     from ndp.order import mix
 
-    merged, unused = mix([np.arange(5), np.zeros(0, np.int64)], np.array([1.0, 1.0]), seed=0,
+    merged, unused, _ = mix([np.arange(5), np.zeros(0, np.int64)], np.array([1.0, 1.0]), seed=0,
                          epoch=0, rank=0)
     assert merged.tolist() == [0, 1, 2, 3, 4] and unused.tolist() == [0, 0]
 

@@ -58,7 +58,7 @@ def epoch_of(loader: Loader) -> int:
 def left_out(loader: Loader) -> int:
     s = loader.stats
     return (s.packets - s.repeated + s.rank_balance + s.dropped_on_purpose
-            + sum(s.mix_unused.values()))
+            + sum(s.mix_unused.values()) - sum(s.mix_repeated.values()))
 
 
 def loaders(directory: Path, world: int, mode: str, **kw) -> list[Loader]:
@@ -135,12 +135,13 @@ def test_mixing_ranks_get_equal_batches(tmp_path):
     write_shards(tmp_path / "a", [s.encode() for s in specs[:50]])
     write_shards(tmp_path / "b", [s.encode() for s in specs[50:]])
     for mode in MODES:
-        ls = [Loader({"a": tmp_path / "a", "b": tmp_path / "b"}, mode=mode, batch_size=3,
-                     seq_len=8, backend="cpu", output="arrays", rank=r, world_size=3,
-                     mix={"a": 0.6, "b": 0.4}) for r in range(3)]
-        for _ in range(2):
-            assert len({epoch_of(loader) for loader in ls}) == 1
-        assert sum(left_out(loader) for loader in ls) == 2 * 70
+        for size in ("shortest", "longest", 100):
+            ls = [Loader({"a": tmp_path / "a", "b": tmp_path / "b"}, mode=mode, batch_size=3,
+                         seq_len=8, backend="cpu", output="arrays", rank=r, world_size=3,
+                         mix={"a": 0.6, "b": 0.4}, mix_size=size) for r in range(3)]
+            for _ in range(2):
+                assert len({epoch_of(loader) for loader in ls}) == 1
+            assert sum(left_out(loader) for loader in ls) == 2 * 70
 
 
 def test_packed_rank_left_short_by_corruption_repeats_its_share_counted(tmp_path):

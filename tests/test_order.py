@@ -1,0 +1,119 @@
+"""Mixing sizes (ndp.order.mix, the Loader's ``mix_size``): an epoch that ends when a source
+runs out, one that uses every source whole and repeats the smaller ones, and one of a set
+number of packets; proportions kept, repeats and leftovers counted per source, resume exact."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ndp.errors import ConfigError
+from ndp.loader import Loader
+from ndp.order import mix
+from ndp.packet import encode_tokens
+
+from ndp_test_helpers import ramp, write_shards
+
+
+def parts_of(sizes):
+    starts = np.cumsum([0] + sizes)
+    return [np.arange(a, b, dtype=np.int64) for a, b in zip(starts[:-1], starts[1:])]
+
+
+@pytest.mark.parametrize("sizes,weights", [([200, 80], [0.7, 0.3]), ([10, 500, 3], [1, 1, 1]),
+                                           ([57, 0, 9], [0.2, 0.5, 0.3])])
+def test_longest_uses_every_packet_and_repeats_the_smaller_sources(sizes, weights):
+    parts = parts_of(sizes)
+    merged, unused, again = mix(parts, np.array(weights, float), seed=1, epoch=2, rank=0,
+                                size="longest")
+    assert not unused.any()
+    for g, part in enumerate(parts):
+        taken = np.isin(merged, part).sum()
+        assert set(part.tolist()) <= set(merged.tolist())  # every packet at least once
+        assert again[g] == taken - part.shape[0]
+    active = np.array(weights, float) * (np.array(sizes) > 0)
+    share = np.array([np.isin(merged, p).sum() for p in parts]) / merged.shape[0]
+    assert np.abs(share - active / active.sum()).max() < 2 / merged.shape[0] + 1e-9
+    # the same draw for the same seed, epoch and rank; another for the next epoch
+    assert np.array_equal(merged, mix(parts, np.array(weights, float), seed=1, epoch=2, rank=0,
+                                      size="longest")[0])
+    assert not np.array_equal(merged, mix(parts, np.array(weights, float), seed=1, epoch=3,
+                                          rank=0, size="longest")[0])
+
+
+def test_a_number_of_packets_gives_each_source_its_share():
+    parts = parts_of([200, 80])
+    merged, unused, again = mix(parts, np.array([0.7, 0.3]), seed=0, epoch=0, rank=0, size=150)
+    assert merged.shape[0] == 150
+    assert np.isin(merged, parts[0]).sum() == 105 and np.isin(merged, parts[1]).sum() == 45
+    assert unused.tolist() == [95, 35] and again.tolist() == [0, 0]
+    merged, unused, again = mix(parts, np.array([0.7, 0.3]), seed=0, epoch=0, rank=0, size=1000)
+    assert unused.tolist() == [0, 0] and again.tolist() == [500, 220]
+
+
+@pytest.fixture(scope="module")
+def groups(tmp_path_factory):
+    """'web': packets 0..199, 'code': 200..279 (ramp packets, first token = 1000 * number)."""
+    d = tmp_path_factory.mktemp("mix")
+    write_shards(d / "web", [encode_tokens(ramp(k, 3)) for k in range(200)])
+    write_shards(d / "code", [encode_tokens(ramp(k, 3)) for k in range(200, 280)])
+    return {"web": d / "web", "code": d / "code"}
+
+
+def loader(groups, **kw):
+    kw.setdefault("mix", {"web": 0.7, "code": 0.3})
+    return Loader(groups, mode="padded", batch_size=5, seq_len=8, backend="cpu",
+                  output="arrays", seed=4, **kw)
+
+
+def epoch(ld) -> list[int]:
+    return [int(row[0]) // 1000 for b in ld for row in b["input_ids"]]
+
+
+def test_the_issue_case_upsamples_instead_of_leaving_the_larger_source_unused(groups):
+    half = {"web": 0.5, "code": 0.5}
+    shortest = loader(groups, mix=half)
+    seen = epoch(shortest)
+    assert shortest.stats.mix_unused["web"] > 100  # the epoch ended when code ran out
+    longest = loader(groups, mix=half, mix_size="longest")
+    n = len(longest)
+    seen = epoch(longest)
+    assert len(seen) == 5 * n and longest.stats.mix_unused == {}
+    web = [k for k in seen if k < 200]
+    assert sorted(set(web)) == list(range(200)) and len(web) == 200  # each web packet once
+    assert set(seen) - set(web) == set(range(200, 280))  # code whole, and again
+    assert longest.stats.mix_repeated == {"code": len(seen) - 200 - 80}
+    assert len(seen) == 400  # 200 each
+
+
+def test_a_set_number_of_packets_per_epoch_across_ranks(groups):
+    lds = [loader(groups, mix_size=400, rank=r, world_size=2) for r in range(2)]
+    lens = [len(ld) for ld in lds]
+    assert lens == [40, 40]
+    seen = [epoch(ld) for ld in lds]
+    assert [len(s) for s in seen] == [200, 200]
+    assert sum(sum(ld.stats.sources.values()) for ld in lds) == 400
+
+
+@pytest.mark.parametrize("size", ["longest", 333])
+def test_upsampled_epochs_resume_exactly(groups, size):
+    full = loader(groups, mix_size=size)
+    want = epoch(full) + epoch(full)
+    first = loader(groups, mix_size=size)
+    it = iter(first)
+    head = [int(row[0]) // 1000 for _ in range(23) for row in next(it)["input_ids"]]
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    second = loader(groups, mix_size=size)
+    second.load_state_dict(state)
+    assert head + epoch(second) + epoch(second) == want
+    with pytest.raises(ConfigError, match="mix_size"):
+        loader(groups, mix_size="shortest").load_state_dict(state)
+
+
+def test_bad_mix_sizes_are_refused(groups):
+    for bad in ("largest", 0, -5, 2.5, True):
+        with pytest.raises(ConfigError, match="mix_size"):
+            loader(groups, mix_size=bad)
