@@ -7,7 +7,8 @@ its limit is its shard's end there, so its verdict is the one it gets in its own
 * ``resident=True``: every shard is copied once, back to back; ``ConfigError`` if they do not fit
   ``device_budget``.
 * otherwise the arena is cut into slots of the largest shard's size, as many as the budget
-  holds (at least two), and shards come and go least recently used: a shard is copied when a
+  holds (at least two; with ``shuffle``, at least the shards of two shuffle windows, which a
+  chunk may read at once, ``ndp.order``), and shards come and go least recently used: a shard is copied when a
   chunk first needs it (``stage``), or before, for the chunk after (``prefetch``), while the
   current one decodes. A slot is overwritten only after the kernels that read its last shard
   (the copy stream waits on an event), and kernels wait for their shards' copies the same way:
@@ -29,6 +30,7 @@ from ndp.cuda_engine import CudaEngine
 from ndp.device import Buffer, device_memory_info, new_event, pinned
 from ndp.engine import Slot, Staged, TooManyShards
 from ndp.errors import ConfigError
+from ndp.order import WINDOW_BYTES, most_shards_per_window
 
 #: bytes per bounce buffer (two of them)
 BOUNCE_BYTES = 16 << 20
@@ -38,14 +40,28 @@ _PIECE = 1 << 20
 _ALIGN = 256
 
 
-def default_budget(sizes: list[int], *, resident: bool) -> int:
+def slots_needed(sizes: np.ndarray, *, shuffle: bool, window: int | None = WINDOW_BYTES) -> int:
+    """Arena slots a chunk may need at once: two shuffle windows' shards of ``window`` bytes
+    (``None``: all of them), or two shards without shuffling (the one decoding, the next)."""
+    n = sizes.shape[0]
+    return min(n, 2 * most_shards_per_window(sizes, window)) if shuffle else min(n, 2)
+
+
+def default_budget(sizes: np.ndarray, *, resident: bool, shuffle: bool = True,
+                   window: int | None = WINDOW_BYTES) -> int:
     """Resident: three quarters of the free device memory (the rest is the training job's);
-    otherwise room for four of the largest shards, at least 256 MiB, at most half the free
-    memory."""
+    otherwise room for four of the largest shards or the shards of two shuffle windows,
+    whichever is more, at least 256 MiB, at most half the free memory."""
     free, _ = device_memory_info()
     if resident:
         return (free * 3) // 4
-    return min(max(4 * max(sizes, default=1), 256 << 20), free // 2)
+    slot = _slot_bytes(sizes)
+    need = slots_needed(sizes, shuffle=shuffle, window=window)
+    return min(max(max(4, need) * slot, 256 << 20), free // 2)
+
+
+def _slot_bytes(sizes: np.ndarray) -> int:
+    return -(-max(int(sizes.max(initial=1)), 1) // _ALIGN) * _ALIGN
 
 
 class DeviceShards:
@@ -54,12 +70,13 @@ class DeviceShards:
     prefetches = True
 
     def __init__(self, engine: CudaEngine, corpus: Corpus, *, budget: int | None,
-                 resident: bool) -> None:
+                 resident: bool, shuffle: bool = True,
+                 window: int | None = WINDOW_BYTES) -> None:
         self.engine, self.corpus, self.resident = engine, corpus, resident
         self.sizes = np.array([s.size for s in corpus.shards], np.int64)
         n_shards = self.sizes.shape[0]
         self.budget = budget if budget is not None else default_budget(
-            self.sizes.tolist(), resident=resident)
+            self.sizes, resident=resident, shuffle=shuffle, window=window)
         if resident:
             total = int(self.sizes.sum())
             if total > self.budget:
@@ -70,13 +87,18 @@ class DeviceShards:
             self.slot_base = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
             arena = max(total, 1)
         else:
-            slot_bytes = -(-max(int(self.sizes.max(initial=1)), 1) // _ALIGN) * _ALIGN
+            slot_bytes = _slot_bytes(self.sizes)
             n_slots = min(self.budget // slot_bytes, n_shards)
-            if n_slots < min(2, n_shards):
+            need = slots_needed(self.sizes, shuffle=shuffle, window=window)
+            if n_slots < need:
+                why = (f"a shuffled chunk reads from two shuffle windows of up to {need // 2} "
+                       f"shard(s) at once (ndp.order)" if shuffle and need > 2 else
+                       "one decoding, one arriving")
                 raise ConfigError(
                     f"device_budget={self.budget} holds {self.budget // slot_bytes} shard(s) of "
-                    f"{slot_bytes} bytes; the loader needs room for at least 2 (one decoding, "
-                    f"one arriving): pass device_budget >= {2 * slot_bytes}")
+                    f"{slot_bytes} bytes; the loader needs room for at least {need} ({why}): "
+                    f"pass device_budget >= {need * slot_bytes}, a smaller shuffle_window, or "
+                    f"resident=True")
             self.slot_base = np.arange(n_slots, dtype=np.int64) * slot_bytes
             arena = max(n_slots * slot_bytes, 1)
         self.arena = Buffer(arena, np.uint8, counters=engine.counters)

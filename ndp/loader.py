@@ -22,8 +22,10 @@ Modes:
 * ``packing`` (SFT, packed rows): short examples laid end to end in full rows, with
   per-document ``position_ids`` and ``cu_seqlens`` (``ndp.packing``).
 
-Order, rank split, mixing and CRC-Drop are ``ndp.order``'s: seeded, a new order every epoch,
-disjoint shares across ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``), and every
+Order, rank split, mixing and CRC-Drop are ``ndp.order``'s: seeded, a new order every epoch
+(documents shuffled across windows of shards of ``shuffle_window`` bytes, 1 GiB by default, or
+``"all"``; on a GPU two windows' shards are held on the device at once), disjoint shares across
+ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``), and every
 rank delivers the same number of batches per epoch, ``len(loader)``, known before the epoch is
 read (``ndp.plan``; what that leaves out or repeats is counted in ``stats``).
 Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard groups
@@ -88,7 +90,7 @@ from ndp.corpus import Corpus
 from ndp.engine import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
 from ndp.errors import ConfigError, LoaderUsageError
-from ndp.order import drop_mask, rank_and_world
+from ndp.order import ORDER, WINDOW_BYTES, check_window, drop_mask, rank_and_world
 from ndp.plan import Plan
 from ndp.producer import EPOCH_END, Failure, Producer
 from ndp.progress import progress_bar
@@ -97,7 +99,8 @@ from ndp.state import check_state, seal
 from ndp.stats import LoaderStats
 
 MODES = ("padded", "packed", "packing")
-STATE_VERSION = 3  # 2: with the dataset's fingerprint; 3: with the batch number in the epoch
+#: 2: with the dataset's fingerprint; 3: with the batch number in the epoch; 4: with the order
+STATE_VERSION = 4
 #: tokens per chunk by default: a GPU amortises its per-call cost over 64 batches of 64 x 1,024
 #: (256 MB of int64 outputs per padded chunk, a ring of them on the device); on the CPU the
 #: hand-off to ndp's threads is what is amortised, and smaller chunks keep host memory small
@@ -133,6 +136,7 @@ class Loader:
         mode: str = "padded",
         pad_token_id: int = 0,
         shuffle: bool = True,
+        shuffle_window: int | str = WINDOW_BYTES,
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
@@ -192,14 +196,15 @@ class Loader:
         self.plan = Plan(self.corpus, mode=mode, batch_size=batch_size, seq_len=seq_len,
                          shuffle=shuffle, seed=seed, rank=self.rank, world_size=self.world_size,
                          crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by,
-                         mix_size=mix_size)
+                         mix_size=mix_size, shuffle_window=shuffle_window)
         if self.backend == "cuda":
             from ndp.cuda_engine import CudaEngine
             from ndp.device_shards import DeviceShards
 
             self.engine: CpuEngine = CudaEngine()
             stager = DeviceShards(self.engine, self.corpus, budget=device_budget,
-                                  resident=resident)
+                                  resident=resident, shuffle=shuffle,
+                                  window=check_window(shuffle_window))
         else:
             from ndp.stage import HostStager
 
@@ -231,7 +236,8 @@ class Loader:
                 "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
                 "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
-                "mix": self.plan.mix_spec, "mix_size": self.plan.mix_size,
+                "mix": self.plan.mix_spec, "mix_size": self.plan.mix_size, "order": ORDER,
+                "shuffle_window": self.plan.shuffle_window,
                 "fingerprint": self.corpus.fingerprint,
                 "vocab_size": self.vocab_size,
                 **self._state})

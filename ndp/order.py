@@ -4,9 +4,14 @@ Everything here is a pure function of (seed, epoch, rank, world size) and the sh
 resumed run recomputes exactly the order it left and every rank computes its share without
 talking to the others.
 
-* ``shuffle=True``: a new permutation of the shards each epoch; inside each shard the packets
-  are read from a random phase (a rotation, so a pretraining stream keeps its documents'
-  order) or, with ``within="permute"``, in a fresh permutation (SFT rows).
+* ``shuffle=True``: document-level shuffling in windows (``ORDER``). Each epoch the shards are
+  permuted, cut into windows of consecutive shards (up to ``shuffle_window`` bytes, 1 GiB by
+  default, and ``WINDOW_SHARDS``; ``"all"``: one window), and the packets of each window are
+  permuted together: every packet (a document, or an SFT example) lands at a new place each
+  epoch, among other neighbours, and a dataset of up to a window is shuffled whole. Reads stay within two windows at a time
+  (a block shuffle, like MosaicML streaming's and litdata's), so the GPU's shard arena and a
+  CPU reader's open files stay bounded; ``benchmarks/shuffle_quality.py`` measures it against
+  theirs.
 * ranks: rank ``r`` of ``W`` takes every W-th packet of the epoch's order, starting at ``r``;
   every packet is seen exactly once per epoch across the ranks, no two ranks share one, and the
   ranks' counts differ by at most one.
@@ -47,32 +52,77 @@ def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tu
     return rank, world_size
 
 
+#: the shuffle's name, recorded in loader states: a state is only valid for the order it was
+#: made in, so a change to ``epoch_order`` must change this
+ORDER = "windows-v1"
+#: a shuffle window: consecutive shards of the epoch's shard permutation, up to this many bytes
+#: by default (the Loader's ``shuffle_window``) and at most ``WINDOW_SHARDS`` shards (a chunk
+#: reads from at most two windows: the GPU's shard arena holds them, and a CPU reader opens
+#: each of their files once per chunk)
+WINDOW_BYTES = 1 << 30
+WINDOW_SHARDS = 256
+
+
+def check_window(window: int | str) -> int | None:
+    """A ``shuffle_window`` as bytes, or ``None`` for ``"all"`` (the whole dataset, shuffled
+    as one window); ``ConfigError`` otherwise."""
+    if window == "all":
+        return None
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ConfigError(f"shuffle_window must be a number of bytes >= 1 or 'all', got "
+                          f"{window!r}")
+    return int(window)
+
+
+def most_shards_per_window(shard_bytes: np.ndarray, window_bytes: int | None = WINDOW_BYTES) -> int:
+    """The most shards one shuffle window can hold, whatever the permutation (the smallest
+    shards side by side); all of them for ``None``."""
+    n = shard_bytes.shape[0]
+    if n == 0 or window_bytes is None:
+        return n
+    below = int(np.searchsorted(np.cumsum(np.sort(shard_bytes)), window_bytes))
+    return min(below + 1, WINDOW_SHARDS, n)
+
+
+def windows(shard_bytes: np.ndarray, perm: np.ndarray,
+            window_bytes: int | None = WINDOW_BYTES) -> list[np.ndarray]:
+    """``perm`` (shard numbers) cut into shuffle windows by their sizes ``shard_bytes`` (one
+    window of all of them for ``None``)."""
+    if window_bytes is None:
+        return [perm]
+    out, start, held = [], 0, 0
+    for i, s in enumerate(perm.tolist()):
+        held += int(shard_bytes[s])
+        if held >= window_bytes or i + 1 - start >= WINDOW_SHARDS:
+            out.append(perm[start: i + 1])
+            start, held = i + 1, 0
+    if start < perm.shape[0]:
+        out.append(perm[start:])
+    return out
+
+
 def epoch_order(
     base: np.ndarray,
     *,
     seed: int,
     epoch: int,
     shuffle: bool = True,
-    within: str = "phase",
+    shard_bytes: np.ndarray | None = None,
+    window_bytes: int | None = WINDOW_BYTES,
 ) -> np.ndarray:
     """Global packet numbers of one epoch, all ranks together (``base``: the corpus' shard
-    starts with the total appended)."""
-    if within not in ("phase", "permute"):
-        raise ConfigError(f"within must be 'phase' or 'permute', got {within!r}")
+    starts with the total appended; ``shard_bytes``: each shard's size, for the windows of
+    ``window_bytes``, ``None`` for one window of everything)."""
     n_shards = base.shape[0] - 1
     if not shuffle:
         return np.arange(base[-1], dtype=np.int64)
+    if shard_bytes is None:
+        shard_bytes = np.zeros(n_shards, np.int64)
     rng = np.random.Generator(np.random.PCG64([seed, epoch, _ORDER_STREAM]))
     parts = []
-    for s in rng.permutation(n_shards):
-        n = int(base[s + 1] - base[s])
-        if n == 0:
-            continue
-        if within == "permute":
-            local = rng.permutation(n)
-        else:
-            local = np.roll(np.arange(n), -int(rng.integers(n)))
-        parts.append(base[s] + local)
+    for window in windows(shard_bytes, rng.permutation(n_shards), window_bytes):
+        packets = np.concatenate([np.arange(base[s], base[s + 1]) for s in window.tolist()])
+        parts.append(packets[rng.permutation(packets.shape[0])])
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 

@@ -28,7 +28,15 @@ import numpy as np
 from ndp.packing import count_batches, plan as place
 from ndp.corpus import Corpus
 from ndp.errors import ConfigError
-from ndp.order import check_mix_size, drop_mask, epoch_order, mix, rank_share
+from ndp.order import (
+    WINDOW_BYTES,
+    check_mix_size,
+    check_window,
+    drop_mask,
+    epoch_order,
+    mix,
+    rank_share,
+)
 
 
 @dataclass(frozen=True)
@@ -51,15 +59,19 @@ class Plan:
 
     def __init__(self, corpus: Corpus, *, mode: str, batch_size: int, seq_len: int,
                  shuffle: bool, seed: int, rank: int, world_size: int, crc_drop_rate: float,
-                 mix: dict | None, mix_by: str, mix_size: str | int = "shortest") -> None:
+                 mix: dict | None, mix_by: str, mix_size: str | int = "shortest",
+                 shuffle_window: int | str = WINDOW_BYTES) -> None:
         self.corpus, self.mode = corpus, mode
         self.batch_size, self.seq_len = batch_size, seq_len
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
         self.crc_drop_rate = crc_drop_rate
         check_mix_size(mix_size)
+        self._window_bytes = check_window(shuffle_window)
+        self.shuffle_window = "all" if self._window_bytes is None else self._window_bytes
         self.mix_size = mix_size if isinstance(mix_size, str) else int(mix_size)
         self._setup_mix(mix, mix_by)
         self._shares: dict[int, Share] = {}
+        self._shard_bytes = np.array([s.size for s in corpus.shards], np.int64)
         self._memo_share: np.ndarray | None = None
         self._memo: dict[int, int] = {}
 
@@ -69,9 +81,8 @@ class Plan:
         have = self._shares.get(epoch)
         if have is not None:
             return have
-        within = "phase" if self.mode == "packed" else "permute"
         order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-                            within=within)
+                            shard_bytes=self._shard_bytes, window_bytes=self._window_bytes)
         dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
                             rate=self.crc_drop_rate)
         every = [self._kept(order, dropped, epoch, r) for r in range(self.world_size)]

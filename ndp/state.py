@@ -25,7 +25,10 @@ from ndp.plan import Plan
 
 #: the settings a state must have been made with, besides the dataset
 SETTINGS = ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
-            "crc_drop_rate", "n_packets", "mix", "vocab_size", "mix_size")
+            "crc_drop_rate", "n_packets", "mix", "vocab_size", "mix_size", "order",
+            "shuffle_window")
+#: state versions before the current one that are still read (see ``check_state``)
+OLDER = (1, 2, 3)
 
 
 def checksum(state: dict) -> int:
@@ -54,17 +57,24 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
         raise LoaderStateError(f"a loader state is a dict (from Loader.state_dict()), got "
                                f"{type(state).__name__}")
     version = state.get("version")
-    if version not in (1, 2, mine["version"]):
+    if version not in (*OLDER, mine["version"]):
         raise LoaderStateError(f"loader state version {version!r} is not {mine['version']} "
-                               f"(nor 1 or 2): it was not written by this ndp's "
-                               f"Loader.state_dict()")
-    if version in (1, 2) and mine["world_size"] > 1:
+                               f"(nor {', '.join(map(str, OLDER))}): it was not written by "
+                               f"this ndp's Loader.state_dict()")
+    if version in OLDER and state.get("shuffle") and (state.get("pos") or state.get("tok")
+                                                       or state.get("batch")):
+        raise LoaderStateError(
+            f"loader state version {version} is mid-epoch in a shuffled order this ndp no "
+            f"longer makes (it now shuffles documents across windows of shards, "
+            f"{mine['order']!r}): its position would name other packets. Resume from the start "
+            f"of its epoch (set 'pos', 'tok' and 'batch' to 0, and delete 'check')")
+    if version in (1, 2) and mine["world_size"] > 1 and (state.get("pos") or state.get("tok")):
         raise LoaderStateError(
             f"loader state version {version} was written before every rank delivered the same "
             f"number of batches per epoch: with {mine['world_size']} ranks its position is not "
             f"one this ndp reaches; resume from the start of its epoch (set 'pos' and 'tok' to "
-            f"0 and 'version' to {mine['version']}) or from a newer state")
-    if version == mine["version"]:
+            f"0) or from a newer state")
+    if version not in (1, 2):  # states since version 3 carry a checksum
         if "check" not in state:
             warnings.warn("loader state has no 'check' (edited by hand?): its fields are "
                           "checked one by one, but a damaged position cannot be told from a "
@@ -91,6 +101,8 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
             continue  # older states did not record it
         if key == "mix_size" and key not in state and mine[key] == "shortest":
             continue  # states before mix_size existed mixed this way
+        if key in ("order", "shuffle_window") and version in OLDER:
+            continue  # refused above where the order matters
         if state.get(key) != mine[key]:
             raise LoaderStateError(f"loader state has {key}={state.get(key)!r}, this loader "
                                    f"{mine[key]!r}; resume with the same settings and shards")
@@ -99,7 +111,7 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
         raise LoaderStateError(f"loader state epoch {epoch} is negative")
     sh = plan.share(epoch)
     share, n = sh.packets, sh.packets.shape[0]
-    if version == mine["version"]:
+    if version not in (1, 2):  # states since version 3 carry the batch number
         batch = _int(state, "batch")
     else:  # one rank (above): the batches before the position, by the index
         batch = _batches_before(plan, share, min(_int(state, "pos"), sh.length),

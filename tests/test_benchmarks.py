@@ -154,3 +154,14 @@ def test_every_bad_input_of_the_reliability_run_is_handled(tmp_path):
     (result,) = tmp_path.glob("bad-inputs-*.json")
     report = json.loads(result.read_text())
     assert report["tried"] == report["handled"] >= 40
+
+
+def test_shuffle_quality_smoke_run_tells_a_shuffle_from_a_rotation(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / "shuffle_quality.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (path,) = tmp_path.glob("shuffle-*-smoke.json")
+    rows = json.loads(path.read_text())["rows"]
+    ndp, rotation = rows["ndp, window 1 GiB (default)"], rows["ndp before (rotation)"]
+    assert ndp["adjacent_kept"] < 0.01 < 0.9 < rotation["adjacent_kept"]
+    assert abs(ndp["mean_displacement"] - 1 / 3) < 0.05

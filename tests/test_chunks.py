@@ -168,28 +168,32 @@ def test_cuda_chunks_equal_the_cpu_batches(corpus, mode):
 
 @pytest.mark.parametrize("mode", ["padded", "packed"])
 def test_shards_come_and_go_through_a_small_device_arena(corpus, mode):
-    """Room for two shards of six: each is copied when a chunk needs it (or just before) and
-    evicted least recently used; the batches are the CPU's."""
+    """Room for two shards of six, unshuffled: each is copied when a chunk needs it (or just
+    before) and evicted least recently used; the batches are the CPU's."""
     size = max(p.stat().st_size for p in corpus.glob("*.ndp"))
-    loader = make(corpus, mode=mode, backend="cuda", chunk_batches=2,
+    loader = make(corpus, mode=mode, backend="cuda", chunk_batches=2, shuffle=False,
                   device_budget=2 * (-(-size // 256) * 256))
     got = epochs(loader, 2)
-    assert_same(got, epochs(make(corpus, mode=mode, chunk_batches=2), 2))
+    assert_same(got, epochs(make(corpus, mode=mode, chunk_batches=2, shuffle=False), 2))
     assert loader.counters.shard_copies >= 2 * 6  # every shard, again in the second epoch
 
 
 def test_a_chunk_needing_more_shards_than_the_arena_holds_is_cut(tiny_shards):
     size = max(p.stat().st_size for p in tiny_shards.glob("*.ndp"))
-    loader = make(tiny_shards, backend="cuda", chunk_batches=8,
+    loader = make(tiny_shards, backend="cuda", chunk_batches=8, shuffle=False,
                   device_budget=3 * (-(-size // 256) * 256))
-    assert_same(epochs(loader, 1), epochs(make(tiny_shards, chunk_batches=8), 1))
+    assert_same(epochs(loader, 1), epochs(make(tiny_shards, chunk_batches=8, shuffle=False), 1))
     assert loader.counters.chunks > -(-N_PACKETS // (3 * 8))  # more chunks than asked for
 
 
 def test_device_budgets_that_cannot_work_are_refused(corpus):
     size = max(p.stat().st_size for p in corpus.glob("*.ndp"))
     with pytest.raises(ConfigError, match="at least 2"):
-        make(corpus, backend="cuda", device_budget=size + 10)
+        make(corpus, backend="cuda", device_budget=size + 10, shuffle=False)
+    slot = -(-size // 256) * 256
+    with pytest.raises(ConfigError, match="at least 6 .*two shuffle windows"):
+        make(corpus, backend="cuda", device_budget=5 * slot)  # a window holds all 6 shards
+    make(corpus, backend="cuda", device_budget=6 * slot).close()
     with pytest.raises(ConfigError, match="resident=True needs"):
         make(corpus, backend="cuda", resident=True, device_budget=size)
 

@@ -117,3 +117,71 @@ def test_bad_mix_sizes_are_refused(groups):
     for bad in ("largest", 0, -5, 2.5, True):
         with pytest.raises(ConfigError, match="mix_size"):
             loader(groups, mix_size=bad)
+
+
+# --- the window shuffle (ndp.order.epoch_order) ----------------------------------------------
+def test_the_window_shuffle_permutes_documents_within_windows_of_whole_shards():
+    from ndp.order import epoch_order, windows
+
+    sizes = np.array([30, 50, 20, 40, 10, 60])
+    base = np.concatenate([[0], np.cumsum(sizes)])
+    shard_bytes = sizes * 100
+    order = epoch_order(base, seed=3, epoch=1, shard_bytes=shard_bytes, window_bytes=7000)
+    assert sorted(order.tolist()) == list(range(base[-1]))  # every packet once
+    shard = np.searchsorted(base, order, side="right") - 1
+    at = 0
+    rng = np.random.Generator(np.random.PCG64([3, 1, 0x0D3E]))
+    for window in windows(shard_bytes, rng.permutation(6), 7000):
+        n = int(sizes[window].sum())
+        assert set(shard[at: at + n].tolist()) == set(window.tolist())  # a window's packets
+        assert int(shard_bytes[window[:-1]].sum()) < 7000  # ... are consecutive shards'
+        at += n
+    again = epoch_order(base, seed=3, epoch=1, shard_bytes=shard_bytes, window_bytes=7000)
+    assert np.array_equal(order, again)
+    one = epoch_order(base, seed=3, epoch=1, shard_bytes=shard_bytes, window_bytes=None)
+    assert not np.array_equal(one, order) and sorted(one.tolist()) == list(range(base[-1]))
+
+
+def test_one_shard_is_shuffled_whole_each_epoch_not_rotated():
+    """The issue's case: one 256 MB shard, and epoch 1 was epoch 0 rotated."""
+    from ndp.order import epoch_order
+
+    base = np.array([0, 20_000])
+    e0, e1 = (epoch_order(base, seed=0, epoch=e, shard_bytes=np.array([256 << 20]))
+              for e in (0, 1))
+    pos0 = np.empty(20_000, np.int64)
+    pos0[e0] = np.arange(20_000)
+    kept = np.abs(pos0[e1[1:]] - pos0[e1[:-1]]) == 1
+    assert kept.mean() < 0.001  # neighbours in epoch 1 were not neighbours in epoch 0
+    assert abs(np.corrcoef(pos0, np.argsort(e1))[0, 1]) < 0.05
+
+
+def test_a_packed_epoch_of_one_shard_is_no_rotation_of_the_last(tmp_path):
+    write_shards(tmp_path, [encode_tokens(ramp(k, 50)) for k in range(400)])
+    loader = Loader(tmp_path, mode="packed", batch_size=4, seq_len=64, backend="cpu",
+                    output="arrays", seed=0)
+    streams = [np.concatenate([b["x"].copy().ravel() for b in loader]) for _ in range(2)]
+    docs = [s // 1000 for s in streams]  # ramp tokens: 1000 * document + position
+    starts = [d[np.flatnonzero(np.diff(d)) + 1] for d in docs]  # each document, in order
+    follows = {(a, b) for a, b in zip(starts[0][:-1], starts[0][1:])}
+    same = sum((a, b) in follows for a, b in zip(starts[1][:-1], starts[1][1:]))
+    assert same < 0.05 * len(starts[1])
+
+
+def test_the_shuffle_window_is_part_of_the_state(groups):
+    from ndp.errors import LoaderStateError
+
+    a = Loader(groups["web"], mode="padded", batch_size=5, seq_len=8, backend="cpu",
+               output="arrays", shuffle_window=1 << 20)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    a.close()
+    assert state["shuffle_window"] == 1 << 20 and state["order"] == "windows-v1"
+    with pytest.raises(LoaderStateError, match="shuffle_window"):
+        Loader(groups["web"], mode="padded", batch_size=5, seq_len=8, backend="cpu",
+               output="arrays", shuffle_window="all").load_state_dict(state)
+    for bad in (0, "most", 1.5):
+        with pytest.raises(ConfigError, match="shuffle_window"):
+            Loader(groups["web"], mode="padded", batch_size=5, seq_len=8, backend="cpu",
+                   output="arrays", shuffle_window=bad)

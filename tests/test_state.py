@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 import pytest
 
@@ -31,8 +32,8 @@ def make(path, **kw) -> Loader:
     return Loader(path, backend="cpu", output="arrays", seed=2, **kw)
 
 
-def midway(path, mode="packed") -> dict:
-    loader = make(path, mode=mode)
+def midway(path, mode="packed", **kw) -> dict:
+    loader = make(path, mode=mode, **kw)
     it = iter(loader)
     for _ in range(3):
         next(it)
@@ -110,12 +111,31 @@ def test_the_same_dataset_elsewhere_resumes(dataset, tmp_path):
 
 
 def test_a_version_1_state_is_accepted_with_a_warning(dataset):
-    state = midway(dataset)
+    state = midway(dataset, shuffle=False)  # the order of an unshuffled epoch never changed
     state["version"] = 1
     del state["fingerprint"]
-    loader = make(dataset, mode="packed")
+    loader = make(dataset, mode="packed", shuffle=False)
     with pytest.warns(UserWarning, match="no dataset fingerprint"):
         loader.load_state_dict(state)
     assert loader.state_dict()["tok"] == state["tok"]
     with pytest.raises(LoaderStateError, match="dict"):
         loader.load_state_dict([state])
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_an_older_state_mid_epoch_in_a_shuffled_order_is_refused_at_an_epoch_start_accepted(
+        dataset, version):
+    """States before version 4 were made in the rotation order ndp no longer uses."""
+    state = midway(dataset)
+    state["version"] = version
+    for key in ("order", "check", "mix_size") + (("batch", "vocab_size") if version < 3 else ()):
+        state.pop(key, None)
+    with pytest.raises(LoaderStateError, match="order this ndp no longer makes"):
+        make(dataset, mode="packed").load_state_dict(state)
+    state.update(pos=0, tok=0, epoch=1)
+    state.pop("batch", None) if version < 3 else state.update(batch=0)
+    loader = make(dataset, mode="packed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # version 1: no fingerprint; 3: no check
+        loader.load_state_dict(state)
+    assert loader.epoch == 1 and loader.state_dict()["pos"] == 0
