@@ -49,7 +49,9 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ndp", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="ndp", description="Neural Datagram Protocol shards: convert, export, index, "
+        "inspect, verify, and a demo of the whole path")
     parser.add_argument("--version", action="version", version=f"ndp {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 

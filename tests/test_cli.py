@@ -190,6 +190,16 @@ def test_version_and_help_show_defaults_and_allowed_values(capsys):
     assert "(default: None)" not in text and "(default: False)" not in text
 
 
+@pytest.mark.parametrize("command", ["", "convert", "export", "index", "inspect", "verify",
+                                     "demo"])
+def test_help_is_plain_text_without_docstring_markup(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"] if command else ["--help"])
+    text = capsys.readouterr().out
+    for markup in ("``", ":func:", ":class:", ":meth:", ".. "):
+        assert markup not in text, (command, markup)
+
+
 def test_verify_index_and_export_speak_json(converted, tmp_path, capsys):
     out = copy_out(converted, tmp_path)
     capsys.readouterr()
