@@ -87,6 +87,7 @@ from typing import Any
 from ndp.backend import resolve_backend
 from ndp.chunks import ChunkDecoder
 from ndp.corpus import Corpus
+from ndp.elastic import from_record, from_states
 from ndp.engine import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
 from ndp.errors import ConfigError, LoaderUsageError
@@ -240,16 +241,39 @@ class Loader:
                 "shuffle_window": self.plan.shuffle_window,
                 "fingerprint": self.corpus.fingerprint,
                 "vocab_size": self.vocab_size,
-                **self._state})
+                **self._elastic_record(), **self._state})
 
-    def load_state_dict(self, state: dict) -> None:
+    def _elastic_record(self) -> dict:
+        rest = self.plan.elastic
+        if rest is None or rest.epoch != self._state["epoch"]:
+            return {}
+        return {"elastic": rest.record}
+
+    def load_state_dict(self, state: dict | list[dict], *, elastic: bool = False) -> None:
         """Continue from ``state`` (from ``state_dict``). ``LoaderStateError`` (a
         ``ConfigError``) if it was made for another dataset (its fingerprint) or configuration,
         since its positions would mean other packets, or if its positions lie outside the epoch
-        it names; the message says which field and why."""
-        checked = check_state(state, self.state_dict(), self.plan)
+        it names; the message says which field and why.
+
+        Elastic resume (``ndp.elastic``): the states of every rank of a run with another
+        ``world_size`` (or ``batch_size``, ``seq_len``), as a list, continue its epoch on this
+        run's ranks, each remaining packet once; in padded and packing mode one of them is
+        enough, with ``elastic=True``."""
+        mine = self.state_dict()
+        if isinstance(state, (list, tuple)) or (elastic and isinstance(state, dict)):
+            rest = from_states(list(state) if not isinstance(state, dict) else [state], mine,
+                               self.plan)
+            checked = {"epoch": rest.epoch, "pos": 0, "tok": 0, "batch": 0}
+        else:
+            record = state.get("elastic") if isinstance(state, dict) else None
+            rest = None if record is None else from_record(record, self.plan)
+            trial = self.plan.variant(rank=self.rank, world_size=self.world_size,
+                                      batch_size=self.batch_size, seq_len=self.seq_len)
+            trial.set_elastic(rest)  # checked against the epoch it resumes in
+            checked = check_state(state, mine, trial)
         self._active = None
         self._stop_producer()
+        self.plan.set_elastic(rest)
         self._state = checked
 
     @property

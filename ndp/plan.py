@@ -20,6 +20,7 @@ chunk, or more, the Loader delivers the same ones.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,8 @@ class Share:
     mix_unused: dict = field(default_factory=dict)  #: mixing: per source, packets left unused
     mix_repeated: dict = field(default_factory=dict)  #: mixing: per source, packets taken again
     balanced: int = 0  #: packets cut from the share's end so that every rank has as many
+    #: an elastic resume (``ndp.elastic``): packets earlier ranks were inside of, given again
+    redelivered: int = 0
 
 
 class Plan:
@@ -74,6 +77,22 @@ class Plan:
         self._shard_bytes = np.array([s.size for s in corpus.shards], np.int64)
         self._memo_share: np.ndarray | None = None
         self._memo: dict[int, int] = {}
+        #: an epoch whose rest comes from a run with other ranks (``ndp.elastic.Remainder``)
+        self.elastic: Any = None
+
+    def variant(self, *, rank: int, world_size: int, batch_size: int, seq_len: int) -> Plan:
+        """This plan for another rank, world size or batch shape (the same data, order,
+        mixing, CRC-Drop and elastic remainder): how an earlier run's ranks cut their epochs."""
+        other = copy.copy(self)
+        other.rank, other.world_size = rank, world_size
+        other.batch_size, other.seq_len = batch_size, seq_len
+        other._shares, other._memo_share, other._memo = {}, None, {}
+        return other
+
+    def set_elastic(self, remainder: Any) -> None:
+        """Take the rest of ``remainder.epoch`` from ``remainder`` (or nothing: ``None``)."""
+        self.elastic = remainder
+        self._shares = {}
 
     # ------------------------------------------------------------------------------ shares
     def share(self, epoch: int) -> Share:
@@ -81,17 +100,25 @@ class Plan:
         have = self._shares.get(epoch)
         if have is not None:
             return have
-        order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-                            shard_bytes=self._shard_bytes, window_bytes=self._window_bytes)
-        dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
-                            rate=self.crc_drop_rate)
-        every = [self._kept(order, dropped, epoch, r) for r in range(self.world_size)]
+        rest = self.elastic if self.elastic is not None and self.elastic.epoch == epoch else None
+        if rest is not None:  # already dropped and mixed by the run it comes from
+            every = [(rank_share(rest.packets, r, self.world_size), 0, {}, {})
+                     for r in range(self.world_size)]
+        else:
+            order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch,
+                                shuffle=self.shuffle, shard_bytes=self._shard_bytes,
+                                window_bytes=self._window_bytes)
+            dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
+                                rate=self.crc_drop_rate)
+            every = [self._kept(order, dropped, epoch, r) for r in range(self.world_size)]
         m = min(k.shape[0] for k, *_ in every)
         kept, n_dropped, unused, again = every[self.rank]
         batches = min(self.batches_of(k[:m]) for k, *_ in every)
         own = kept[:m]
         packets = np.concatenate([own, own]) if self.mode == "packed" else own
-        share = Share(packets, m, batches, n_dropped, unused, again, kept.shape[0] - m)
+        share = Share(packets, m, batches, n_dropped, unused, again, kept.shape[0] - m,
+                      0 if rest is None else int(((rest.partial % self.world_size == self.rank)
+                                                  & (rest.partial // self.world_size < m)).sum()))
         # the producer works an epoch ahead of the consumer (and of len()): keep two
         self._shares[epoch] = share
         while len(self._shares) > 2:

@@ -72,6 +72,8 @@ class Producer:
         share, n, cap = sh.packets, sh.packets.shape[0], sh.batches
         fresh = pos == 0 and tok == 0
         pending = {"dropped_on_purpose": sh.dropped} if fresh else {}
+        if fresh and sh.redelivered:
+            pending["repeated"] = sh.redelivered
         counted_upto = pos  # share positions before this were counted by an earlier batch
         end: dict = {}
         while pos < n and done < cap:

@@ -104,8 +104,15 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
         if key in ("order", "shuffle_window") and version in OLDER:
             continue  # refused above where the order matters
         if state.get(key) != mine[key]:
+            elastic = (" (to continue its epoch on another number of ranks or another batch "
+                       "shape, pass the states of all its ranks as a list, or this one with "
+                       "elastic=True in padded and packing mode: ndp.elastic)"
+                       if key in ("world_size", "batch_size", "seq_len") or (
+                           key == "rank" and state.get("world_size") != mine["world_size"])
+                       else "")
             raise LoaderStateError(f"loader state has {key}={state.get(key)!r}, this loader "
-                                   f"{mine[key]!r}; resume with the same settings and shards")
+                                   f"{mine[key]!r}; resume with the same settings and "
+                                   f"shards{elastic}")
     epoch, pos, tok = _int(state, "epoch"), _int(state, "pos"), _int(state, "tok")
     if epoch < 0:
         raise LoaderStateError(f"loader state epoch {epoch} is negative")

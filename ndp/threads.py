@@ -19,6 +19,7 @@ jobs run in the calling thread, and the Loader hands the kernels whole chunks of
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
@@ -100,6 +101,7 @@ class _Pool:
         self.n = n
         self.pid = os.getpid()
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.closed = False  # after shutdown, work runs in the calling thread
         self.threads = [threading.Thread(target=self._work, name=f"{THREAD_NAME}-{i}",
                                          daemon=True) for i in range(n - 1)]
         for t in self.threads:
@@ -119,6 +121,9 @@ class _Pool:
                 done.put(None)
 
     def run(self, kernel: Callable[..., Any], n_items: int, parts: int, args: tuple) -> None:
+        if self.closed:
+            kernel(*args, 0, n_items)
+            return
         bounds = [n_items * i // parts for i in range(parts + 1)]
         done: queue.SimpleQueue = queue.SimpleQueue()
         for i in range(1, parts):
@@ -136,10 +141,21 @@ class _Pool:
             raise first
 
     def shutdown(self) -> None:
+        self.closed = True
         for _ in self.threads:
             self.tasks.put(None)
         for t in self.threads:
             t.join(timeout=5)
+
+
+@atexit.register
+def _shutdown_at_exit() -> None:
+    """Join the workers before the interpreter finalizes: a daemon thread that wakes up during
+    finalization is ended by pthread_exit, which can abort the process ("terminate called
+    without an active exception") when it unwinds through compiled frames."""
+    pool = _pool
+    if pool is not None and pool.pid == os.getpid():
+        pool.shutdown()
 
 
 def _get_pool() -> _Pool:

@@ -119,7 +119,7 @@ def test_a_version_1_state_is_accepted_with_a_warning(dataset):
         loader.load_state_dict(state)
     assert loader.state_dict()["tok"] == state["tok"]
     with pytest.raises(LoaderStateError, match="dict"):
-        loader.load_state_dict([state])
+        loader.load_state_dict("a state")
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
