@@ -18,7 +18,7 @@ Batches held too long are never overwritten: every array a chunk hands out keeps
 ``Lease`` alive (the wrapped arrays are made over a small object that holds it, so slices,
 tensors and DLPack capsules all do), and the ring keeps only a weak reference. When the
 producer takes a slot back and its last lease is still alive (``list(loader)``, a loss kept with
-its graph, a batch kept past the validity rule below), the slot's buffers are left to the
+its graph, a batch kept past the reuse rule above), the slot's buffers are left to the
 consumer and new ones are allocated (counted in ``Counters.held_chunks``, warned about once):
 correct batches at the cost of memory, instead of another batch's tokens. A loop that follows
 the rule pays nothing for this.
