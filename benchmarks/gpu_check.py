@@ -9,8 +9,8 @@ Steps, each in its own process with its own time limit, all of them whatever an 
    numba-cuda works with, and ``compute-sanitizer``; anything missing fails here, with what to
    install, instead of a later step skipping silently;
 2. ``gpu-tests``: the ``gpu``-marked tests (``tests/test_gpu_device.py``) but the memcheck run;
-3. ``device-equality``: the CUDA-against-CPU tests (kernels, decoder, Loader chunks, accounting),
-   which run on the device when there is one;
+3. ``device-equality``: the CUDA-against-CPU tests (kernels, decoder, Loader chunks, accounting,
+   held batches through CuPy's array interface), which run on the device when there is one;
 4. ``memcheck``: ``compute-sanitizer --tool memcheck`` over hostile input
    (``tests/kernels/hostile_run.py``); the log is kept in ``benchmarks/results/``;
 5. ``bench-gpu-loader``: ``benchmarks/bench_gpu_loader.py`` (the Loader on the GPU, issue 11's
@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PY = sys.executable
 DEVICE_TESTS = ["tests/kernels/test_cuda_kernels.py", "tests/test_gpu_decode.py",
-                "tests/test_chunks.py", "tests/test_counters.py", "tests/adapters/test_torch.py"]
+                "tests/test_chunks.py", "tests/test_counters.py", "tests/adapters/test_torch.py",
+                "tests/test_serve.py"]
 
 
 def sanitizer() -> str | None:
