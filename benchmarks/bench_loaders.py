@@ -54,10 +54,21 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cpu import RESULTS, machine  # noqa: E402
+import peers  # noqa: E402
 
 PIPELINES = ["ndp-cpu-padded", "ndp-cpu-packed", "jsonl-tokenize", "memmap-get-batch",
              "threaded-numpy", "hf-datasets"]
 GPU_PIPELINES = ["ndp-gpu-padded", "ndp-gpu-packed"]
+#: how each pipeline cuts the data into training rows (its window semantics)
+SEMANTICS = {
+    "ndp": "padded: one document per row; packed: the token stream of a document order "
+           "shuffled in 1 GiB windows of shards, cut into consecutive windows of T+1",
+    "jsonl": "one document per row, tokenized on the fly",
+    "memmap": "random offsets into the token stream, with replacement",
+    "threaded": "per-file random phase, windows drawn across files in proportion to what is left",
+    "hf": "one document per row",
+    **peers.SEMANTICS,
+}
 #: the ``ndp.Loader`` backend of each ``ndp-<kind>-<mode>`` pipeline
 NDP_BACKENDS = {"cpu": "cpu", "gpu": "cuda"}
 
@@ -292,6 +303,8 @@ def pipe_hf(root: Path, cfg: dict):
 
 
 def make_pipeline(name: str, root: Path, cfg: dict):
+    if name in peers.PIPELINES:
+        return peers.make(name, root, cfg)
     if name.startswith("ndp-"):
         _, kind, mode = name.split("-")
         return pipe_ndp(root, cfg, mode=mode, backend=NDP_BACKENDS[kind])
@@ -360,7 +373,8 @@ def _vm_hwm_kb() -> int:
 
 
 def child(name: str, root: str, cfg: dict, seconds: float, first_only: bool) -> dict:
-    cmd = [sys.executable, __file__, "--run-one", name, "--root", root, "--cfg", json.dumps(cfg),
+    exe = str(peers.python()) if name in peers.PIPELINES else sys.executable
+    cmd = [exe, __file__, "--run-one", name, "--root", root, "--cfg", json.dumps(cfg),
            "--seconds", str(seconds)] + (["--first-only"] if first_only else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
@@ -412,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pipelines", nargs="+", default=None, metavar="NAME",
                     help=f"run only these (of {', '.join(GPU_PIPELINES + PIPELINES)}; the "
                          f"ndp-gpu-* rows need a GPU)")
+    ap.add_argument("--no-peers", action="store_true",
+                    help=f"leave out the peers ({', '.join(peers.PIPELINES)}; installed in "
+                         f"benchmarks/.peers/env on first use)")
     ap.add_argument("--run-one", help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--cfg", help=argparse.SUPPRESS)
@@ -426,20 +443,21 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.seconds or (0.5 if args.smoke else 2.0 if args.quick else 20.0)
     large = args.large_tokens or (
         300_000 if args.smoke else 2_000_000 if args.quick else 1_000_000_000)
-    pipelines = list(PIPELINES)
+    pipelines = list(PIPELINES) + ([] if args.smoke or args.no_peers else peers.PIPELINES)
     from ndp.backend import cuda_unavailable_reason, simulated
 
     has_gpu = cuda_unavailable_reason() is None and not simulated()
     if has_gpu:
         pipelines = GPU_PIPELINES + pipelines
     if args.pipelines:
-        unknown = sorted(set(args.pipelines) - set(GPU_PIPELINES + PIPELINES))
+        unknown = sorted(set(args.pipelines) - set(GPU_PIPELINES + PIPELINES + peers.PIPELINES))
         if unknown:
             ap.error(f"unknown pipelines {unknown}")
         if not has_gpu and set(args.pipelines) & set(GPU_PIPELINES):
             ap.error(f"{sorted(set(args.pipelines) & set(GPU_PIPELINES))} need a CUDA GPU: "
                      f"{cuda_unavailable_reason() or 'running under the simulator'}")
-        pipelines = [p for p in pipelines if p in args.pipelines]
+        pipelines = [p for p in GPU_PIPELINES + PIPELINES + peers.PIPELINES
+                     if p in args.pipelines]
     with tempfile.TemporaryDirectory(prefix="ndp-bench-") as tmp:
         work = Path(tmp)
         t = time.perf_counter()
@@ -449,12 +467,26 @@ def main(argv: list[str] | None = None) -> int:
               f"{data['large_tokens']:,} tokens ({time.perf_counter() - t:.0f} s to prepare)",
               flush=True)
         cfg = {"B": args.batch, "T": args.seq, "pad": data["pad"], "tokenizer": data["tokenizer"]}
+        conversions = {}
+        if any(p.startswith("litdata") for p in pipelines):
+            for where in (work, work / "large"):
+                proc = subprocess.run([str(peers.python()), peers.__file__, "--prepare-litdata",
+                                       str(where), str(data["eos"]), str(args.seq + 1)],
+                                      capture_output=True, text=True, timeout=3600)
+                if proc.returncode:
+                    raise RuntimeError(f"litdata optimize failed:\n{proc.stderr[-3000:]}")
+                conversions["litdata" if where == work else "litdata-large"] = json.loads(
+                    proc.stdout.strip().splitlines()[-1])
+            print(f"litdata optimize: {conversions['litdata']}", flush=True)
         rows = []
         for name in pipelines:
             res = child(name, str(work), cfg, seconds, first_only=False)
             res["time_to_first_batch_s"] = child(name, str(work / "large"), cfg, 0,
                                                  first_only=True)["time_to_first_batch_s"]
             res["name"] = name
+            res["semantics"] = SEMANTICS[name.split("-")[0]]
+            if name.split("-")[0] in conversions:
+                res["conversion"] = conversions[name.split("-")[0]]
             rows.append(res)
             print(f"{name:18s} {res['tokens_per_s'] / 1e6:9.2f} M tok/s {res['samples_per_s']:10.0f}"
                   f" rows/s  next p50 {res['next_p50_us']:9.0f} us p99 {res['next_p99_us']:9.0f} us"

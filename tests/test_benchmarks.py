@@ -106,6 +106,9 @@ def test_every_ndp_pipeline_of_the_loader_comparison_names_a_real_backend():
         kind, mode = name.split("-")[1:]
         assert bench.NDP_BACKENDS[kind] in BACKENDS and bench.NDP_BACKENDS[kind] != "auto"
         assert mode in ("padded", "packed", "packing")
+    # every row says how it cuts the data into rows, peers included
+    for name in bench.GPU_PIPELINES + bench.PIPELINES + bench.peers.PIPELINES:
+        assert bench.SEMANTICS[name.split("-")[0]]
 
 
 def test_gpu_check_lists_its_steps_and_fails_loudly_without_a_gpu(tmp_path):

@@ -1,0 +1,174 @@
+"""The loaders teams choose today, as ``bench_loaders.py`` pipelines: each the way its
+documentation recommends, on the same token stream and batch shape, in a process of its own.
+
+* ``torchdata-<w>w``: torchdata's ``StatefulDataLoader`` (0.11.0, resumable) over a map-style
+  dataset of fixed windows of T+1 tokens of an ``np.memmap`` of the uint16 stream,
+  ``shuffle=True`` (a new permutation of the windows each epoch), ``num_workers`` w;
+* ``litdata-<w>w``: litdata (0.2.76): ``optimize`` with ``TokensLoader`` (the documents' tokens
+  in 64 MB of chunks), then ``StreamingDataset(item_loader=TokensLoader(block_size=T+1),
+  shuffle=True)`` and ``StreamingDataLoader``, ``num_workers`` w;
+
+with w = 0 (every loader's own default) and 2 (the cores of this machine, what the peers'
+docs suggest for throughput). On a GPU every batch goes to the device with pinned memory and
+``non_blocking`` copies. The peers are installed, pinned, in a virtual environment of their
+own under ``benchmarks/.peers/env`` (with the system's site packages, and torch and NumPy held
+at the installed versions, so nothing replaces the CPU torch), made on first use.
+
+MosaicML streaming (0.13.0) is not run here: it requires numpy<2.2 and imports torchvision on
+import, and PyPI's torchvision wheel is CUDA-built, which next to the CPU torch fails
+(``operator torchvision::nms does not exist``); FFCV 1.0.2 does not install (it needs
+opencv4); DALI's wheel is CUDA-only. ``shuffle_quality.py`` compares MosaicML's shuffle.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ENV = HERE / ".peers" / "env"
+PACKAGES = ["torchdata==0.11.0", "litdata==0.2.76"]
+PIPELINES = ["torchdata-0w", "torchdata-2w", "litdata-0w", "litdata-2w"]
+#: how each pipeline cuts the token stream into training windows
+SEMANTICS = {
+    "torchdata": "a new permutation of fixed windows of the token stream each epoch",
+    "litdata": "blocks of T+1 tokens of 64 MB chunks; chunks permuted, blocks shuffled in "
+               "groups of 256 within a chunk",
+}
+
+
+def python() -> Path:
+    """The peers' interpreter, made (venv + pinned installs) on first use."""
+    exe = ENV / "bin" / "python"
+    marker = ENV / "installed.json"
+    if exe.exists() and marker.exists() and json.loads(marker.read_text()) == PACKAGES:
+        return exe
+    import numpy
+    import torch
+
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(ENV)],
+                   check=True)
+    constraints = ENV / "constraints.txt"
+    constraints.write_text(f"torch=={torch.__version__}\nnumpy=={numpy.__version__}\n")
+    subprocess.run([str(exe), "-m", "pip", "install", "-q", "-c", str(constraints), *PACKAGES],
+                   check=True)
+    from ndp.atomic import atomic_write
+
+    atomic_write(marker, json.dumps(PACKAGES))
+    return exe
+
+
+def _device_batch(x, y) -> dict:
+    import torch
+
+    if torch.cuda.is_available():
+        return {"x": x.pin_memory().to("cuda", non_blocking=True),
+                "y": y.pin_memory().to("cuda", non_blocking=True)}
+    return {"x": x, "y": y}
+
+
+class _Windows:
+    """Window ``i``: tokens ``[i*T, (i+1)*T]`` of the memmapped stream (map-style)."""
+
+    def __init__(self, path: Path, T: int) -> None:
+        self.path, self.T = path, T
+        self.n = (path.stat().st_size // 2 - 1) // T
+        self.data = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import torch
+
+        if self.data is None:  # opened in each worker
+            self.data = np.memmap(self.path, dtype=np.uint16, mode="r")
+        T = self.T
+        return torch.from_numpy(self.data[i * T: (i + 1) * T + 1].astype(np.int64))
+
+
+def _collate(windows):
+    import torch
+
+    w = torch.stack(windows)
+    return w[:, :-1], w[:, 1:]
+
+
+def pipe_torchdata(root: Path, cfg: dict, *, workers: int):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(_Windows(root / "all.bin", cfg["T"]), batch_size=cfg["B"],
+                                shuffle=True, num_workers=workers, collate_fn=_collate,
+                                drop_last=True, persistent_workers=workers > 0)
+    while True:
+        for x, y in loader:
+            yield _device_batch(x, y)
+
+
+def _documents(args: tuple[str, int, int, int]):
+    """litdata's ``optimize`` function (top level: it runs in spawned workers): the documents
+    of one slice of the stream, cut after each EOS."""
+    import torch
+
+    path, eos, start, stop = args
+    data = np.memmap(path, dtype=np.uint16, mode="r")[start:stop]
+    ends = np.flatnonzero(data == eos) + 1
+    begin = 0
+    for end in ends.tolist():
+        yield torch.from_numpy(data[begin:end].astype(np.int32))
+        begin = end
+
+
+def prepare_litdata(root: Path, eos: int, block: int) -> dict:
+    """``optimize`` the stream of ``root/all.bin`` into ``root/litdata``; its time and size."""
+    from litdata import TokensLoader, optimize
+
+    stream = root / "all.bin"
+    n = stream.stat().st_size // 2
+    data = np.memmap(stream, dtype=np.uint16, mode="r")
+    cuts = [0]
+    for k in range(1, 16):  # 16 inputs, each cut just after an EOS
+        at = n * k // 16
+        after = np.flatnonzero(data[at: at + 1_000_000] == eos)
+        cuts.append(at + int(after[0]) + 1 if after.shape[0] else at)
+    cuts.append(n)
+    inputs = [(str(stream), eos, a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    t = time.perf_counter()
+    optimize(fn=_documents, inputs=inputs, output_dir=str(root / "litdata"),
+             chunk_size=(64_000_000 // 4 // block) * block,  # TokensLoader: in tokens (int32)
+             item_loader=TokensLoader(), num_workers=2, mode="overwrite")
+    seconds = time.perf_counter() - t
+    size = sum(f.stat().st_size for f in (root / "litdata").rglob("*") if f.is_file())
+    return {"convert_seconds": seconds, "converted_bytes": size}
+
+
+def pipe_litdata(root: Path, cfg: dict, *, workers: int):
+    import torch
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+
+    ds = StreamingDataset(input_dir=str(root / "litdata"),
+                          item_loader=TokensLoader(block_size=cfg["T"] + 1), shuffle=True,
+                          drop_last=True)
+    loader = StreamingDataLoader(ds, batch_size=cfg["B"], num_workers=workers,
+                                 pin_memory=torch.cuda.is_available())
+    while True:
+        for w in loader:
+            w = w.long()
+            yield _device_batch(w[:, :-1], w[:, 1:])
+
+
+def make(name: str, root: Path, cfg: dict):
+    kind, workers = name.rsplit("-", 1)
+    make_one = {"torchdata": pipe_torchdata, "litdata": pipe_litdata}[kind]
+    return make_one(root, cfg, workers=int(workers.rstrip("w")))
+
+
+if __name__ == "__main__":  # python benchmarks/peers.py --prepare-litdata ROOT EOS BLOCK
+    if sys.argv[1] == "--prepare-litdata":
+        print(json.dumps(prepare_litdata(Path(sys.argv[2]), int(sys.argv[3]),
+                                         int(sys.argv[4]))))
