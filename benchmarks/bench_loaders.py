@@ -466,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"data: {data['documents']} documents, {data['tokens']:,} tokens; large set "
               f"{data['large_tokens']:,} tokens ({time.perf_counter() - t:.0f} s to prepare)",
               flush=True)
-        cfg = {"B": args.batch, "T": args.seq, "pad": data["pad"], "tokenizer": data["tokenizer"]}
+        cfg = {"B": args.batch, "T": args.seq, "pad": data["pad"], "eos": data["eos"],
+               "tokenizer": data["tokenizer"]}
         conversions = {}
         if any(p.startswith("litdata") for p in pipelines):
             for where in (work, work / "large"):
@@ -475,8 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                                       capture_output=True, text=True, timeout=3600)
                 if proc.returncode:
                     raise RuntimeError(f"litdata optimize failed:\n{proc.stderr[-3000:]}")
-                conversions["litdata" if where == work else "litdata-large"] = json.loads(
-                    proc.stdout.strip().splitlines()[-1])
+                if where == work:
+                    conversions = json.loads(proc.stdout.strip().splitlines()[-1])
             print(f"litdata optimize: {conversions['litdata']}", flush=True)
         rows = []
         for name in pipelines:
@@ -484,9 +485,10 @@ def main(argv: list[str] | None = None) -> int:
             res["time_to_first_batch_s"] = child(name, str(work / "large"), cfg, 0,
                                                  first_only=True)["time_to_first_batch_s"]
             res["name"] = name
-            res["semantics"] = SEMANTICS[name.split("-")[0]]
-            if name.split("-")[0] in conversions:
-                res["conversion"] = conversions[name.split("-")[0]]
+            kind = name.rsplit("-", 1)[0] if name in peers.PIPELINES else name.split("-")[0]
+            res["semantics"] = SEMANTICS[kind]
+            if kind in conversions:
+                res["conversion"] = conversions[kind]
             rows.append(res)
             print(f"{name:18s} {res['tokens_per_s'] / 1e6:9.2f} M tok/s {res['samples_per_s']:10.0f}"
                   f" rows/s  next p50 {res['next_p50_us']:9.0f} us p99 {res['next_p99_us']:9.0f} us"

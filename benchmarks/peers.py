@@ -9,7 +9,14 @@ documentation recommends, on the same token stream and batch shape, in a process
   shuffle=True)`` and ``StreamingDataLoader``, ``num_workers`` w;
 
 with w = 0 (every loader's own default) and 2 (the cores of this machine, what the peers'
-docs suggest for throughput). On a GPU every batch goes to the device with pinned memory and
+docs suggest for throughput); and SFT rows, one document per row cut at T and padded (the
+``transformers`` convention: ``input_ids``, ``labels`` -100 at padding, ``attention_mask``), as
+ndp's ``padded`` mode makes them:
+
+* ``torchdata-sft-0w``: ``StatefulDataLoader`` over a map-style dataset of the documents of
+  the memmapped stream (found by their EOS once), a padding ``collate_fn``;
+* ``litdata-sft-0w``: ``optimize`` with one item per document, ``StreamingDataset`` +
+  ``StreamingDataLoader`` with the same padding ``collate_fn``. On a GPU every batch goes to the device with pinned memory and
 ``non_blocking`` copies. The peers are installed, pinned, in a virtual environment of their
 own under ``benchmarks/.peers/env`` (with the system's site packages, and torch and NumPy held
 at the installed versions, so nothing replaces the CPU torch), made on first use.
@@ -33,12 +40,16 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ENV = HERE / ".peers" / "env"
 PACKAGES = ["torchdata==0.11.0", "litdata==0.2.76"]
-PIPELINES = ["torchdata-0w", "torchdata-2w", "litdata-0w", "litdata-2w"]
+PIPELINES = ["torchdata-0w", "torchdata-2w", "litdata-0w", "litdata-2w", "torchdata-sft-0w",
+             "litdata-sft-0w"]
 #: how each pipeline cuts the token stream into training windows
 SEMANTICS = {
     "torchdata": "a new permutation of fixed windows of the token stream each epoch",
     "litdata": "blocks of T+1 tokens of 64 MB chunks; chunks permuted, blocks shuffled in "
                "groups of 256 within a chunk",
+    "torchdata-sft": "one document per row, a new permutation of the documents each epoch",
+    "litdata-sft": "one document per row; chunks permuted, documents shuffled in groups of 256 "
+                   "within a chunk",
 }
 
 
@@ -162,13 +173,111 @@ def pipe_litdata(root: Path, cfg: dict, *, workers: int):
             yield _device_batch(w[:, :-1], w[:, 1:])
 
 
+class _Documents:
+    """Document ``i`` of the memmapped stream, cut at ``T`` tokens (map-style)."""
+
+    def __init__(self, path: Path, eos: int, T: int) -> None:
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        self.ends = np.flatnonzero(data == eos) + 1
+        self.starts = np.concatenate([[0], self.ends[:-1]])
+        self.path, self.T, self.data = path, T, None
+
+    def __len__(self) -> int:
+        return self.ends.shape[0]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if self.data is None:
+            self.data = np.memmap(self.path, dtype=np.uint16, mode="r")
+        a = int(self.starts[i])
+        return np.asarray(self.data[a: min(int(self.ends[i]), a + self.T)])
+
+
+class PadCollate:
+    """Rows of ``T``: ``input_ids`` padded with ``pad``, ``labels`` -100 there, and the
+    ``attention_mask``."""
+
+    def __init__(self, T: int, pad: int) -> None:
+        self.T, self.pad = T, pad
+
+    def __call__(self, docs) -> dict:
+        import torch
+
+        ids = np.full((len(docs), self.T), self.pad, np.int64)
+        attn = np.zeros((len(docs), self.T), np.int64)
+        for r, d in enumerate(docs):
+            d = np.asarray(d)[: self.T]
+            ids[r, : d.shape[0]] = d
+            attn[r, : d.shape[0]] = 1
+        labels = np.where(attn == 1, ids, -100)
+        return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
+                "attention_mask": torch.from_numpy(attn)}
+
+
+def _to_device(batch: dict) -> dict:
+    import torch
+
+    if torch.cuda.is_available():
+        return {k: v.pin_memory().to("cuda", non_blocking=True) for k, v in batch.items()}
+    return batch
+
+
+def pipe_torchdata_sft(root: Path, cfg: dict, *, workers: int):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(_Documents(root / "all.bin", cfg["eos"], cfg["T"]),
+                                batch_size=cfg["B"], shuffle=True, num_workers=workers,
+                                collate_fn=PadCollate(cfg["T"], cfg["pad"]),
+                                persistent_workers=workers > 0)
+    while True:
+        for batch in loader:
+            yield _to_device(batch)
+
+
+def _one_document(args: tuple[str, int, int, int]):
+    """litdata's ``optimize`` function for SFT rows: one item per document."""
+    for doc in _documents(args):
+        yield doc.numpy().astype(np.uint16)
+
+
+def prepare_litdata_sft(root: Path, eos: int) -> dict:
+    """``optimize`` the documents of ``root/all.bin`` into ``root/litdata-sft``, one item each."""
+    from litdata import optimize
+
+    stream = root / "all.bin"
+    n = stream.stat().st_size // 2
+    data = np.memmap(stream, dtype=np.uint16, mode="r")
+    ends = np.flatnonzero(data == eos) + 1
+    cuts = [0] + [int(ends[len(ends) * k // 16]) for k in range(1, 16)] + [n]
+    inputs = [(str(stream), eos, a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    t = time.perf_counter()
+    optimize(fn=_one_document, inputs=inputs, output_dir=str(root / "litdata-sft"),
+             chunk_bytes="64MB", num_workers=2, mode="overwrite")
+    seconds = time.perf_counter() - t
+    size = sum(f.stat().st_size for f in (root / "litdata-sft").rglob("*") if f.is_file())
+    return {"convert_seconds": seconds, "converted_bytes": size}
+
+
+def pipe_litdata_sft(root: Path, cfg: dict, *, workers: int):
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    ds = StreamingDataset(input_dir=str(root / "litdata-sft"), shuffle=True)
+    loader = StreamingDataLoader(ds, batch_size=cfg["B"], num_workers=workers,
+                                 collate_fn=PadCollate(cfg["T"], cfg["pad"]))
+    while True:
+        for batch in loader:
+            yield _to_device(batch)
+
+
 def make(name: str, root: Path, cfg: dict):
     kind, workers = name.rsplit("-", 1)
-    make_one = {"torchdata": pipe_torchdata, "litdata": pipe_litdata}[kind]
+    make_one = {"torchdata": pipe_torchdata, "litdata": pipe_litdata,
+                "torchdata-sft": pipe_torchdata_sft, "litdata-sft": pipe_litdata_sft}[kind]
     return make_one(root, cfg, workers=int(workers.rstrip("w")))
 
 
 if __name__ == "__main__":  # python benchmarks/peers.py --prepare-litdata ROOT EOS BLOCK
     if sys.argv[1] == "--prepare-litdata":
-        print(json.dumps(prepare_litdata(Path(sys.argv[2]), int(sys.argv[3]),
-                                         int(sys.argv[4]))))
+        out = prepare_litdata(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+        out = {"litdata": out,
+               "litdata-sft": prepare_litdata_sft(Path(sys.argv[2]), int(sys.argv[3]))}
+        print(json.dumps(out))
