@@ -62,14 +62,14 @@ def python() -> Path:
     import numpy
     import torch
 
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(ENV)],
-                   check=True)
-    constraints = ENV / "constraints.txt"
-    constraints.write_text(f"torch=={torch.__version__}\nnumpy=={numpy.__version__}\n")
-    subprocess.run([str(exe), "-m", "pip", "install", "-q", "-c", str(constraints), *PACKAGES],
-                   check=True)
     from ndp.atomic import atomic_write
 
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(ENV)],
+                   check=True)
+    constraints = atomic_write(ENV / "constraints.txt",
+                               f"torch=={torch.__version__}\nnumpy=={numpy.__version__}\n")
+    subprocess.run([str(exe), "-m", "pip", "install", "-q", "-c", str(constraints), *PACKAGES],
+                   check=True)
     atomic_write(marker, json.dumps(PACKAGES))
     return exe
 
