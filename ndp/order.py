@@ -157,7 +157,8 @@ def mix(parts: list[np.ndarray], weights: np.ndarray, *, seed: int, epoch: int, 
     if weights.shape[0] != len(parts) or (weights < 0).any() or weights.sum() <= 0:
         raise ConfigError(f"mixing weights must be >= 0 with a positive sum, one per source; "
                           f"got {weights.tolist()} for {len(parts)} sources")
-    check_mix_size(size)
+    if not (isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size == 0):
+        check_mix_size(size)  # 0: a rank's part of fewer packets than there are ranks
     sizes = np.array([p.shape[0] for p in parts], np.int64)
     # a source with nothing in this share (or weight 0) is not drawn: drawing an empty one
     # would end the epoch before it starts

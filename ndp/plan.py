@@ -12,8 +12,8 @@ counted as ``rank_balance``), and the epoch's batch count is the smallest any ra
 makes by the index. That count is exact for ``padded`` and ``packing`` batches whatever is
 corrupt (a corrupt packet makes its batch shorter, not absent); in ``packed`` mode a rank whose
 corrupt packets leave its stream short goes on from the start of its share (counted as
-``repeated``) to deliver it, with one rank as with several. A chunk is a run of consecutive packets of the share that holds ``batches`` batches by
-the index's token counts; the batches themselves are laid out after decoding (``ndp.layout``),
+``repeated``) to deliver it, with one rank as with several. A chunk is a run of consecutive
+packets of the share that holds ``batches`` batches by the index's token counts; the batches themselves are laid out after decoding (``ndp.layout``),
 from what the packets really hold, so the cut never changes a batch: with fewer batches per
 chunk, or more, the Loader delivers the same ones.
 """
@@ -140,7 +140,7 @@ class Plan:
             if not isinstance(size, str):  # packets per epoch, all ranks: this rank's part
                 size = size // self.world_size + (rank < size % self.world_size)
             kept, unused, again = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch,
-                                      rank=rank, size=size or "shortest")
+                                      rank=rank, size=size)
             unused_by_source = {name: int(n) for name, n in zip(self._mix_names, unused) if n}
             again_by_source = {name: int(n) for name, n in zip(self._mix_names, again) if n}
         return kept, int(dropped[share].sum()), unused_by_source, again_by_source

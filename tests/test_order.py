@@ -113,6 +113,17 @@ def test_upsampled_epochs_resume_exactly(groups, size):
         loader(groups, mix_size="shortest").load_state_dict(state)
 
 
+def test_a_set_number_smaller_than_the_ranks_leaves_some_ranks_nothing(groups):
+    """mix_size=1 on 2 ranks: rank 1's part is 0 packets (it once fell back to 'shortest' and
+    read a whole epoch)."""
+    lds = [loader(groups, mix_size=1, rank=r, world_size=2) for r in range(2)]
+    assert [len(ld) for ld in lds] == [0, 0]  # every rank delivers the smallest count
+    assert [len(epoch(ld)) for ld in lds] == [0, 0]
+    merged, unused, _ = mix(parts_of([5, 3]), np.array([1.0, 1.0]), seed=0, epoch=0, rank=0,
+                            size=0)
+    assert merged.shape[0] == 0 and unused.tolist() == [5, 3]
+
+
 def test_bad_mix_sizes_are_refused(groups):
     for bad in ("largest", 0, -5, 2.5, True):
         with pytest.raises(ConfigError, match="mix_size"):
