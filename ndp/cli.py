@@ -9,6 +9,7 @@ unusable), 2 bad usage or input.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -46,6 +47,15 @@ def _version() -> str:
         return version("ndp")
     except PackageNotFoundError:  # run from a source tree that is not installed
         return "unknown (not installed)"
+
+
+def _remote_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage-options", type=json.loads, default=None, metavar="JSON",
+                   help="for a URL (s3://bucket/prefix/, any fsspec URL): fsspec's options as "
+                        "JSON, e.g. '{\"client_kwargs\": {\"endpoint_url\": \"http://...\"}}'")
+    p.add_argument("--cache-dir", default=None,
+                   help="where a URL's shards are downloaded to (default: NDP_CACHE_DIR, else "
+                        "~/.cache/ndp)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.run_convert)
 
     p = sub.add_parser("export", help="NDP shards -> llm.c token files")
-    p.add_argument("data", nargs="+", help="NDP shards or directories of them")
+    p.add_argument("data", nargs="+", help="NDP shards, directories of them, or dataset URLs")
     p.add_argument("-o", "--output", required=True,
                    help="llm.c file to write (with --shard-tokens: NAME_000000.bin, ...)")
     p.add_argument("--version", choices=("auto", "1", "2"), default="auto",
@@ -117,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace the files of an earlier export")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _remote_options(p)
     p.set_defaults(func=commands.run_export)
 
     p = sub.add_parser("index", help="rebuild sidecar indexes by a framing scan")
@@ -128,12 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.run_index)
 
     p = sub.add_parser("inspect", help="packet counts, tokens, lengths, corruption")
-    p.add_argument("shards", nargs="+", help="shard files or directories")
+    p.add_argument("shards", nargs="+", help="shard files, directories or dataset URLs")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _remote_options(p)
     p.set_defaults(func=commands.run_inspect)
 
     p = sub.add_parser("verify", help="exit 1 on any corrupt packet or index mismatch")
-    p.add_argument("shards", nargs="+", help="shard files or directories")
+    p.add_argument("shards", nargs="+", help="shard files, directories or dataset URLs")
     p.add_argument("--require-index", action="store_true",
                    help="fail a shard that has no .idx beside it (by default a missing index "
                         "is reported, and the packets are checked by a framing scan)")
@@ -141,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check the shards of a directory as they are, without its ndp.json "
                         "(by default a directory must be the whole dataset its manifest lists)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _remote_options(p)
     p.set_defaults(func=commands.run_verify)
 
     p = sub.add_parser("demo", help="the embedded default job: stdlib corpus end to end, offline")

@@ -14,13 +14,26 @@ from pathlib import Path
 from ndp.errors import NDPError
 from ndp.format import SHARD_SUFFIX
 
-def _shard_paths(paths: list[str]) -> list[Path]:
-    """Shards named directly, or every shard inside a directory; ``ConfigError`` for a path
+def _remote(url: str, args: argparse.Namespace):
+    from ndp.remote import RemoteDataset
+
+    return RemoteDataset(url, storage_options=getattr(args, "storage_options", None),
+                         cache_dir=getattr(args, "cache_dir", None))
+
+
+def _shard_paths(paths: list[str], args: argparse.Namespace | None = None) -> list[Path]:
+    """Shards named directly, every shard inside a directory, or every shard of a dataset URL
+    (downloaded into the cache, checked against its manifest); ``ConfigError`` for a path
     that does not exist or a directory without shards."""
     from ndp.errors import ConfigError
+    from ndp.remote import is_url
 
     out: list[Path] = []
-    for p in map(Path, paths):
+    for p in paths:
+        if is_url(p):
+            out.extend(_remote(p, args).fetch_all(progress=sys.stderr.isatty()))
+            continue
+        p = Path(p)
         if p.is_dir():
             found = sorted(p.glob(f"*{SHARD_SUFFIX}"))
             if not found:
@@ -106,6 +119,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     version = args.version if args.version == "auto" else int(args.version)
     summary = export_llmc(args.data, args.output, version=version,
+                          storage_options=args.storage_options, cache_dir=args.cache_dir,
                           shard_tokens=args.shard_tokens, overwrite=args.overwrite,
                           progress=not args.no_progress and not args.json)
     if args.json:
@@ -189,7 +203,7 @@ def _print_report(report) -> None:
 def run_inspect(args: argparse.Namespace) -> int:
     from ndp.inspect import inspect_shard
 
-    reports = [inspect_shard(p) for p in _shard_paths(args.shards)]
+    reports = [inspect_shard(p) for p in _shard_paths(args.shards, args)]
     if args.json:
         print(json.dumps([asdict(r) for r in reports], indent=2))
     else:
@@ -215,15 +229,28 @@ def _manifest_problems(directory: Path, no_manifest: bool) -> tuple[list[str], d
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from ndp.errors import RemoteError
     from ndp.inspect import inspect_shard
+    from ndp.remote import is_url
     from ndp.shard import Shard
 
     failed = 0
     say = (lambda *a: None) if args.json else print
     results: list[dict] = []
-    paths = _shard_paths(args.shards)
+    paths: list[Path] = []
     entries: dict[Path, dict] = {}
-    for directory in (Path(p) for p in args.shards if Path(p).is_dir()):
+    for url in (p for p in args.shards if is_url(p)):  # each shard checked as it is fetched
+        dataset = _remote(url, args)
+        for entry, shard in zip(dataset.entries, dataset.shards):
+            try:
+                paths.append(dataset.fetch(entry))
+            except RemoteError as exc:
+                failed += 1
+                results.append({"path": shard.url, "kind": "shard", "ok": False,
+                                "problems": [str(exc)]})
+                say(f"FAIL  {exc}")
+    paths += _shard_paths([p for p in args.shards if not is_url(p)])
+    for directory in (Path(p) for p in args.shards if not is_url(p) and Path(p).is_dir()):
         problems, by_name = _manifest_problems(directory, args.no_manifest)
         entries.update({directory / name: e for name, e in by_name.items()})
         if not args.no_manifest:

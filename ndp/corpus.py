@@ -20,6 +20,7 @@ from ndp.errors import ConfigError
 from ndp.format import FRAME_BYTES, MASK_COUNT_BYTES, SHARD_SUFFIX, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
 from ndp.index import Corruption, check_headers, load_index_and_scan
 from ndp.manifest import ManifestError, entries_by_name, listed_shards
+from ndp.remote import RemoteDataset, RemoteShard, is_url
 from ndp.shard import Shard
 
 PathLike = str | os.PathLike
@@ -31,15 +32,32 @@ def shard_paths(paths: PathLike | Sequence[PathLike], *,
     return [p for p, _ in listed(paths, manifest=manifest)[0]]
 
 
-def listed(paths: PathLike | Sequence[PathLike], *, manifest: str = "check"
-           ) -> tuple[list[tuple[Path, dict | None]], list[dict]]:
+def listed(paths: PathLike | Sequence[PathLike], *, manifest: str = "check",
+           remote: dict | None = None, datasets: list | None = None
+           ) -> tuple[list[tuple[Any, dict | None]], list[dict]]:
     """Each shard with its manifest entry (None for a shard named directly or read without a
     manifest), and the manifests read. A directory must be a whole dataset by its manifest
-    (``ndp.manifest.listed_shards``) unless ``manifest`` is "ignore"."""
+    (``ndp.manifest.listed_shards``) unless ``manifest`` is "ignore". A URL is a remote dataset
+    (``ndp.remote``, opened with the options ``remote``, appended to ``datasets``): its shards
+    are ``RemoteShard`` objects, the others paths."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    out: list[tuple[Path, dict | None]] = []
+    out: list[tuple[Any, dict | None]] = []
     manifests: list[dict] = []
-    for p in map(Path, items):
+    for item in items:
+        if is_url(item):
+            if datasets is None:
+                raise ConfigError(f"{item}: a URL; read it with ndp.Loader, NDPDataset or "
+                                  f"RemoteDataset(...).fetch_all()")
+            if manifest == "ignore":
+                raise ConfigError(f"{item}: a remote dataset is found through its manifest "
+                                  f"(the bucket is never listed); manifest='ignore' cannot "
+                                  f"read it")
+            dataset = RemoteDataset(item, **(remote or {}))
+            datasets.append(dataset)
+            out.extend(zip(dataset.shards, dataset.entries))
+            manifests.append(dataset.manifest)
+            continue
+        p = Path(item)
         if p.is_dir():
             found, record = listed_shards(p, manifest=manifest)
             if not found:
@@ -81,6 +99,9 @@ class Corpus:
     matched to its shard: "size" (the default: size and entries, no read of the data, so a
     training run does not read the whole data set before its first batch; the decoders check
     every packet's CRC anyway) or "full" (also the crc32 of every shard, one full read).
+    A URL (``s3://bucket/prefix/``, any fsspec URL) is a remote dataset (``ndp.remote``)
+    opened with ``storage_options``, ``cache_dir`` and ``cache_limit``; its shards are fetched
+    into the cache as they are read (``will_read``/``advance`` say in which order).
     A directory must be a whole dataset by its manifest ``ndp.json`` (``ndp.manifest``: a
     ``ManifestError`` otherwise) unless ``manifest`` is "ignore"; a shard whose crc32 or
     packet count differs from its manifest entry was damaged after it was written: a warning,
@@ -88,14 +109,20 @@ class Corpus:
     """
 
     def __init__(self, paths: PathLike | Sequence[PathLike] | Mapping[str, Any], *,
-                 on_stale: str = "rebuild", verify: str = "size", manifest: str = "check"):
+                 on_stale: str = "rebuild", verify: str = "size", manifest: str = "check",
+                 storage_options: dict | None = None, cache_dir: PathLike | None = None,
+                 cache_limit: int | None = None):
+        remote = {"storage_options": storage_options, "cache_dir": cache_dir,
+                  "cache_limit": cache_limit}
+        #: the remote datasets read (``ndp.remote.RemoteDataset``)
+        self.remotes: list[RemoteDataset] = []
         if isinstance(paths, Mapping):
             self.groups = list(paths)
-            grouped = [listed(paths[name], manifest=manifest)
-                       for name in self.groups]
+            grouped = [listed(paths[name], manifest=manifest, remote=remote,
+                              datasets=self.remotes) for name in self.groups]
         else:
             self.groups = ["all"]
-            grouped = [listed(paths, manifest=manifest)]
+            grouped = [listed(paths, manifest=manifest, remote=remote, datasets=self.remotes)]
         pairs = [pair for ps, _ in grouped for pair in ps]
         shard_group = [g for g, (ps, _) in enumerate(grouped) for _ in ps]
         #: the manifests of the directories read (``ndp.json``, as dicts)
@@ -103,11 +130,11 @@ class Corpus:
         #: the largest vocabulary size the manifests record (None if none does)
         sizes = [m.get("tokenizer", {}).get("vocab_size") for m in self.manifests]
         self.vocab_size = max([v for v in sizes if isinstance(v, int) and v > 0], default=None)
-        self.paths = [p for p, _ in pairs]
-        if not self.paths:
+        if not pairs:
             raise ConfigError("no shards given")
-        self.shards = [Shard(p) for p in self.paths]
-        for (path, entry), shard in zip(pairs, self.shards):
+        self.shards = [p if isinstance(p, Shard) else Shard(p) for p, _ in pairs]
+        self.paths = [s.path for s in self.shards]
+        for path, (_, entry), shard in zip(self.paths, pairs, self.shards):
             if entry is not None and shard.size != entry["bytes"]:
                 raise ManifestError(
                     f"{path}: {shard.size:,} bytes where the dataset's manifest recorded "
@@ -124,7 +151,7 @@ class Corpus:
             if scan is not None:
                 self.corruption.extend((shard.path, c) for c in scan.corrupt)
             shard.close()  # a rebuild scanned its mapping: read on with pread, files closed
-        for (path, entry), index in zip(pairs, self.indexes):
+        for path, (_, entry), index in zip(self.paths, pairs, self.indexes):
             if entry is not None and (index.shard_crc32 != entry["crc32"]
                                       or len(index) != entry.get("packets", len(index))):
                 warnings.warn(
@@ -182,10 +209,46 @@ class Corpus:
                           where=self.shards[s].index_path, data=data,
                           at=None if at is None else at[mine])
 
+    def will_read(self, share: np.ndarray, pos: int) -> None:
+        """A reader will read the packets ``share`` in order, from position ``pos`` on: remote
+        datasets fetch their shards in that order (``ndp.prefetch``). Nothing for local
+        shards."""
+        if not self.remotes:
+            return
+        from ndp.prefetch import Prefetcher
+
+        shard_ids = self.shard_of(share)
+        n = len(self.shards)
+        first = np.full(n, -1, np.int64)
+        last = np.full(n, -1, np.int64)
+        seen, at = np.unique(shard_ids, return_index=True)
+        first[seen] = at
+        seen, at = np.unique(shard_ids[::-1], return_index=True)
+        last[seen] = share.shape[0] - 1 - at
+        lo = 0
+        for dataset in self.remotes:  # its shards are consecutive in the corpus
+            while not (isinstance(self.shards[lo], RemoteShard)
+                       and self.shards[lo].dataset is dataset):
+                lo += 1
+            hi = lo + len(dataset.shards)
+            if dataset.prefetcher is None:
+                dataset.prefetcher = Prefetcher(dataset)
+            dataset.prefetcher.plan(first[lo:hi], last[lo:hi], pos)
+            lo = hi
+
+    def advance(self, pos: int) -> None:
+        """The reader of ``will_read`` is at position ``pos``."""
+        for dataset in self.remotes:
+            if dataset.prefetcher is not None:
+                dataset.prefetcher.advance(pos)
+
     def close(self) -> None:
-        """Close every shard's file (a new read opens it again)."""
+        """Close every shard's file (a new read opens it again) and stop remote datasets'
+        prefetching."""
         for shard in self.shards:
             shard.close()
+        for dataset in self.remotes:
+            dataset.close()
 
     def __repr__(self) -> str:
         return f"Corpus({len(self.shards)} shards, {self.n_packets} packets)"

@@ -70,7 +70,8 @@ class NDPDataset:
     ``Corpus``'s: "rebuild" rescans a shard whose index does not match it, "error" refuses it.
     A directory must be the whole dataset its manifest ``ndp.json`` lists unless ``manifest``
     is "ignore" (``ndp.manifest``). ``vocab_size`` (else the manifest's, else 2**31): token ids
-    must be below it.
+    must be below it. A URL is read through the shard cache (``ndp.remote``), every shard
+    fetched when the dataset is made: ``cache_limit`` must hold the whole dataset.
     """
 
     def __init__(
@@ -85,6 +86,9 @@ class NDPDataset:
         on_stale: str = "rebuild",
         manifest: str = "check",
         vocab_size: int | None = None,
+        storage_options: dict | None = None,
+        cache_dir: PathLike | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         if max_seq_length < 1:
             raise ConfigError(f"max_seq_length must be >= 1, got {max_seq_length}")
@@ -97,8 +101,9 @@ class NDPDataset:
         self.crc_drop_rate = float(crc_drop_rate)
         self.seed = int(seed)
         self.on_stale = on_stale
-        self._corpus: Corpus | None = Corpus(path, on_stale=on_stale, verify="full",
-                                                     manifest=manifest)
+        self._corpus: Corpus | None = Corpus(
+            path, on_stale=on_stale, verify="full", manifest=manifest,
+            storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         corpus = self._corpus
         self._paths = list(corpus.paths)
         self._n_packets = corpus.n_packets

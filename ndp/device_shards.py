@@ -30,7 +30,7 @@ from ndp.cuda_engine import CudaEngine
 from ndp.device import Buffer, device_memory_info, new_event, pinned
 from ndp.engine import Slot, Staged, TooManyShards
 from ndp.errors import ConfigError
-from ndp.order import WINDOW_BYTES, most_shards_per_window
+from ndp.order import WINDOW_BYTES, shards_at_once as slots_needed
 
 #: bytes per bounce buffer (two of them)
 BOUNCE_BYTES = 16 << 20
@@ -38,13 +38,6 @@ BOUNCE_BYTES = 16 << 20
 _PIECE = 1 << 20
 #: arena slots are a multiple of this many bytes
 _ALIGN = 256
-
-
-def slots_needed(sizes: np.ndarray, *, shuffle: bool, window: int | None = WINDOW_BYTES) -> int:
-    """Arena slots a chunk may need at once: two shuffle windows' shards of ``window`` bytes
-    (``None``: all of them), or two shards without shuffling (the one decoding, the next)."""
-    n = sizes.shape[0]
-    return min(n, 2 * most_shards_per_window(sizes, window)) if shuffle else min(n, 2)
 
 
 def default_budget(sizes: np.ndarray, *, resident: bool, shuffle: bool = True,

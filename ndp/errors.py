@@ -88,3 +88,14 @@ class TokenFileError(NDPError):
         self.expected = expected
         self.found = found
         self.hint = hint
+
+
+class RemoteError(NDPError, OSError):
+    """Object storage refused or failed a request for good (an object missing, access denied,
+    an object that is not what the dataset's manifest says, or transient errors past the
+    retries): the message names the URL and what to do (``ndp.remote``)."""
+
+
+class CacheFullError(ConfigError):
+    """The shard cache (``cache_dir``/``cache_limit``, ``ndp.cache``) cannot hold the shards
+    the loaders using it need at once: the message names the limit and the size needed."""

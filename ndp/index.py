@@ -141,7 +141,11 @@ def write_index(
 def read_index(path: str | os.PathLike) -> Index:
     """Read an index file; raise ``IndexMismatchError`` if it is damaged."""
     path = Path(path)
-    raw = path.read_bytes()
+    return parse_index(path.read_bytes(), path)
+
+
+def parse_index(raw: bytes, path: str | os.PathLike) -> Index:
+    """The index in ``raw`` (read from ``path``); ``IndexMismatchError`` if it is damaged."""
     shard_name = str(path)[: -len(INDEX_SUFFIX)]
     hint = f"Rebuild it with 'ndp index {shard_name}'."
     if len(raw) < INDEX_HEADER_BYTES or raw[:8] != INDEX_MAGIC:

@@ -42,7 +42,9 @@ else 2**31 (an int32 id with its top bit set).
 
 A directory is read only as the whole dataset its manifest ``ndp.json`` lists (``ndp.manifest``:
 a conversion killed half way leaves none, and is refused); ``manifest="ignore"`` reads a
-directory of shards without one on purpose.
+directory of shards without one on purpose. A URL (``s3://bucket/prefix/``, any fsspec URL;
+``storage_options``) is read through a local cache (``cache_dir``, ``cache_limit``) shared by
+the ranks of a node, the shards fetched ahead of need (``ndp.remote``).
 
 Indexes are matched to their shards by size (``verify="size"``), not by reading every shard to
 compare its crc32 (``verify="full"``): time to the first batch does not grow with the data set,
@@ -93,6 +95,7 @@ from ndp.kernels.verdict import NO_VOCAB
 from ndp.errors import ConfigError, LoaderUsageError
 from ndp.order import ORDER, WINDOW_BYTES, check_window, drop_mask, rank_and_world
 from ndp.plan import Plan
+from ndp.prefetch import check_cache_limit
 from ndp.producer import EPOCH_END, Failure, Producer
 from ndp.progress import progress_bar
 from ndp.serve import Ring
@@ -155,6 +158,9 @@ class Loader:
         verify: str = "size",
         manifest: str = "check",
         vocab_size: int | None = None,
+        storage_options: dict | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
@@ -182,7 +188,9 @@ class Loader:
         drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
         self.backend = resolve_backend(backend)
         self.corpus = data if isinstance(data, Corpus) else Corpus(
-            data, verify=verify, manifest=manifest)
+            data, verify=verify, manifest=manifest, storage_options=storage_options,
+            cache_dir=cache_dir, cache_limit=cache_limit)
+        check_cache_limit(self.corpus, shuffle=shuffle, window=check_window(shuffle_window))
         #: token ids must be below this: ``vocab_size``, else the dataset's manifest's, else
         #: 2**31 (an id must fit int32); a packet with one past it is dropped (TOKEN_RANGE)
         self.vocab_size = vocab_size or self.corpus.vocab_size or NO_VOCAB

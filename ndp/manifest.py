@@ -52,10 +52,17 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
         return None
     except OSError as exc:
         raise ManifestError(f"{path}: cannot be read ({exc.strerror})") from None
+    return parse_manifest(text, path, directory)
+
+
+def parse_manifest(text: str | bytes, where: str | os.PathLike,
+                   directory: str | os.PathLike) -> dict[str, Any]:
+    """The manifest in ``text`` (read from ``where``, of the dataset ``directory``);
+    ``ManifestError`` if it is not valid JSON or does not list shards."""
     try:
         manifest = json.loads(text)
     except ValueError as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc}); the manifest is damaged: "
+        raise ManifestError(f"{where}: not valid JSON ({exc}); the manifest is damaged: "
                             f"re-run the conversion, or 'ndp index --write-manifest "
                             f"{directory}' after 'ndp verify --no-manifest' passes") from None
     shards = manifest.get("shards") if isinstance(manifest, dict) else None
@@ -63,11 +70,11 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
             isinstance(s, dict) and isinstance(s.get("name"), str)
             and isinstance(s.get("bytes"), int) and isinstance(s.get("crc32"), int)
             for s in shards):
-        raise ManifestError(f"{path}: has no list of shards with name, bytes and crc32; it was "
-                            f"not written by ndp or is damaged")
+        raise ManifestError(f"{where}: has no list of shards with name, bytes and crc32; it "
+                            f"was not written by ndp or is damaged")
     names = [s["name"] for s in shards]
     if len(set(names)) != len(names) or any("/" in n or n.startswith(".") for n in names):
-        raise ManifestError(f"{path}: lists a shard twice or a name that is not a file of "
+        raise ManifestError(f"{where}: lists a shard twice or a name that is not a file of "
                             f"its directory; the manifest is damaged")
     return manifest
 

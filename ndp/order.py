@@ -101,6 +101,15 @@ def windows(shard_bytes: np.ndarray, perm: np.ndarray,
     return out
 
 
+def shards_at_once(sizes: np.ndarray, *, shuffle: bool,
+                   window: int | None = WINDOW_BYTES) -> int:
+    """Shards a chunk may read at once: two shuffle windows' of ``window`` bytes (``None``:
+    all of them), or two without shuffling (the one being read, the next). What a GPU's arena
+    (``ndp.device_shards``) and a remote dataset's cache (``ndp.prefetch``) must hold."""
+    n = sizes.shape[0]
+    return min(n, 2 * most_shards_per_window(sizes, window)) if shuffle else min(n, 2)
+
+
 def epoch_order(
     base: np.ndarray,
     *,

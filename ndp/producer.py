@@ -76,10 +76,12 @@ class Producer:
             pending["repeated"] = sh.redelivered
         counted_upto = pos  # share positions before this were counted by an earlier batch
         end: dict = {}
+        plan.corpus.will_read(share[:sh.length], pos)  # remote shards: fetched in this order
         while pos < n and done < cap:
             slot = self.ring.acquire(stop)
             if slot is None:
                 return None
+            plan.corpus.advance(pos)
             size = min(self._size, cap - done)
             # packed: the chunk that makes the epoch's last batch reads to the share's end when
             # that is all it needs, so that the leftover packets are decoded and counted

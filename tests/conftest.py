@@ -309,3 +309,113 @@ def corrupt(data: bytes, ops) -> bytes:
     return data
 
 
+
+
+# ------------------------------------------------------------------ object storage (moto's S3)
+class S3Server:
+    """moto's S3 server on a free port of 127.0.0.1 (a real HTTP endpoint that s3fs talks to),
+    recording every request as (method, path) and failing the ones ``fail`` names."""
+
+    def __init__(self) -> None:
+        import logging
+        import threading
+
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+        self._app = DomainDispatcherApplication(create_backend_app)
+        self.requests: list[tuple[str, str]] = []
+        self.queries: list[str] = []
+        self._faults: list[list] = []
+        self._lock = threading.Lock()
+        self._server = make_server("127.0.0.1", 0, self._wsgi, threaded=True)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def options(self) -> dict:
+        """``storage_options`` for s3fs: this endpoint, test credentials, few retries."""
+        return {"key": "testing", "secret": "testing", "skip_instance_cache": True,
+                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+                "config_kwargs": {"retries": {"max_attempts": 1}}}
+
+    def fs(self):
+        import s3fs
+
+        return s3fs.S3FileSystem(**self.options)
+
+    def bucket(self, name: str) -> str:
+        self.fs().call_s3("create_bucket", Bucket=name)
+        return name
+
+    def gets(self, suffix: str = "") -> int:
+        """GET requests so far for objects whose path ends with ``suffix``."""
+        return sum(1 for m, p in self.requests if m == "GET" and p.endswith(suffix))
+
+    def fail(self, suffix: str, kind: str, times: int = 1) -> None:
+        """The next ``times`` GETs of an object whose path ends with ``suffix`` fail: "cut"
+        (the connection drops half way through the body), "stop" (so does the server, for
+        good), "503" or "403"."""
+        with self._lock:
+            self._faults.append([suffix, kind, times])
+
+    def _fault(self, environ) -> str | None:
+        path = environ.get("PATH_INFO", "")
+        with self._lock:
+            for f in self._faults:
+                if environ["REQUEST_METHOD"] == "GET" and path.endswith(f[0]) and f[2] > 0:
+                    f[2] -= 1
+                    return f[1]
+        return None
+
+    def _wsgi(self, environ, start_response):
+        with self._lock:
+            self.requests.append((environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")))
+            self.queries.append(environ.get("QUERY_STRING", ""))
+        fault = self._fault(environ)
+        if fault in ("503", "403"):
+            status = {"503": "503 Slow Down", "403": "403 Forbidden"}[fault]
+            code = {"503": "SlowDown", "403": "AccessDenied"}[fault]
+            body = f"<Error><Code>{code}</Code><Message>{fault}</Message></Error>".encode()
+            start_response(status, [("Content-Type", "application/xml"),
+                                    ("Content-Length", str(len(body)))])
+            return [body]
+        result = self._app(environ, start_response)
+        if fault not in ("cut", "stop"):
+            return result
+        body = b"".join(result)
+
+        def cut():
+            yield body[: len(body) // 2]
+            if fault == "stop":  # the server goes away in the middle of the body
+                import threading
+
+                threading.Thread(target=self._server.shutdown, daemon=True).start()
+            raise ConnectionResetError("fault injected by the test: connection dropped")
+
+        return cut()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join()
+        self._server.server_close()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 endpoint on 127.0.0.1 for the session (moto's server), stopped after."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+def upload(directory: Path, fs, prefix: str) -> None:
+    """Every file of ``directory`` under ``prefix`` (``bucket/path``), the manifest last."""
+    files = sorted(directory.iterdir(), key=lambda p: p.name == "ndp.json")
+    for f in files:
+        if f.is_file():
+            fs.pipe(f"{prefix}/{f.name}", f.read_bytes())

@@ -159,6 +159,8 @@ def export_llmc(
     shard_tokens: int | None = None,
     overwrite: bool = False,
     progress: bool = False,
+    storage_options: dict | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> ExportSummary:
     """Write the tokens of an NDP dataset (a directory of shards, or shards) as llm.c files.
 
@@ -167,7 +169,8 @@ def export_llmc(
     ``shard_tokens`` one file ``output`` is written; with it, files of that many tokens (the
     last one shorter) named ``<output minus .bin>_000000.bin``, ``_000001.bin``, ...
     Existing files of those names, or numbered files of an earlier export beside them, are an
-    error unless ``overwrite`` (which also removes such stale numbered files).
+    error unless ``overwrite`` (which also removes such stale numbered files). A dataset URL
+    is read through the shard cache (``ndp.remote``: ``storage_options``, ``cache_dir``).
     """
     from ndp.corpus import Corpus
 
@@ -176,7 +179,7 @@ def export_llmc(
     if shard_tokens is not None and shard_tokens < 1:
         raise ConfigError(f"shard_tokens must be >= 1, got {shard_tokens}")
     started = time.perf_counter()
-    corpus = Corpus(data, verify="full")
+    corpus = Corpus(data, verify="full", storage_options=storage_options, cache_dir=cache_dir)
     try:
         if corpus.corruption:
             path, c = corpus.corruption[0]
