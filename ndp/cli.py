@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input files or directories: JSON Lines and JSON (compressed or not), "
                         "Parquet, Arrow, save_to_disk folders, hf:NAME[@CONFIG] (a Hugging "
                         "Face dataset in the local cache), plain text, token files")
-    p.add_argument("output", help="output directory for shards, indexes and ndp.json")
+    p.add_argument("output", help="output directory for shards, indexes and ndp.json, or a URL "
+                                  "(s3://bucket/prefix/: shards uploaded as finished, ndp.json last)")
     p.add_argument("--format", choices=("auto", "text", "llmc", "llmq", "raw-u16"),
                    default="auto",
                    help="input format; auto (default): llm.c / llm.q token files by their "
@@ -113,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "cut at (default 50256 for llm.c version 1, else not cut)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in OUTPUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--storage-options", type=json.loads, default=None, metavar="JSON",
+                   help="for an OUTPUT URL (s3://bucket/prefix/): fsspec's options as JSON")
     p.set_defaults(func=commands.run_convert)
 
     p = sub.add_parser("export", help="NDP shards -> llm.c token files")

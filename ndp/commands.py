@@ -78,6 +78,7 @@ def run_convert(args: argparse.Namespace) -> int:
             args.inputs, args.output, fmt=fmt, eos_token_id=args.eos_id, split=args.split,
             src=args.src, dst=args.dst, max_shard_bytes=int(args.shard_size_mb * (1 << 20)),
             overwrite=args.overwrite, progress=not args.no_progress,
+            storage_options=args.storage_options,
         )
         print(summary.describe())
         return 0
@@ -104,6 +105,7 @@ def run_convert(args: argparse.Namespace) -> int:
             ("prompt", args.prompt_field), ("completion", args.completion_field)) if column},
         max_skipped=args.max_skipped,
         hf_split=args.hf_split,
+        storage_options=args.storage_options,
     )
     try:
         summary = convert(args.inputs, args.output, tokenizer=args.tokenizer, options=opts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,6 +214,7 @@ class ShardWriter:
         prefix: str = "shard",
         max_shard_bytes: int = 256 << 20,
         header: bool = True,
+        on_finish: Callable[[ShardInfo], None] | None = None,
     ) -> None:
         min_bytes = SHARD_HEADER_BYTES + FRAME_BYTES + 0xFFFF
         if max_shard_bytes < min_bytes:
@@ -222,6 +224,7 @@ class ShardWriter:
         self.prefix = prefix
         self.max_shard_bytes = max_shard_bytes
         self.header = header
+        self.on_finish = on_finish  # called with each shard once it and its index are written
         self.finished: list[ShardInfo] = []
         self.committed = False
         self._current: _OpenShard | None = None
@@ -272,6 +275,8 @@ class ShardWriter:
         cur.out.commit(sync_dir=False)
         write_index(index_path_for(cur.path), entries, cur.size, cur.crc32, data_offset)
         self.finished.append(ShardInfo(cur.path, cur.size, len(cur.entries), cur.crc32))
+        if self.on_finish is not None:
+            self.on_finish(self.finished[-1])
 
     def finish(self) -> list[ShardInfo]:
         """Finish the open shard (if any) and return every finished shard (no manifest)."""

@@ -350,22 +350,23 @@ class S3Server:
         self.fs().call_s3("create_bucket", Bucket=name)
         return name
 
-    def gets(self, suffix: str = "") -> int:
-        """GET requests so far for objects whose path ends with ``suffix``."""
-        return sum(1 for m, p in self.requests if m == "GET" and p.endswith(suffix))
+    def gets(self, suffix: str = "", method: str = "GET") -> int:
+        """GET (``method``) requests so far for objects whose path ends with ``suffix``."""
+        return sum(1 for m, p in self.requests if m == method and p.endswith(suffix))
 
-    def fail(self, suffix: str, kind: str, times: int = 1) -> None:
-        """The next ``times`` GETs of an object whose path ends with ``suffix`` fail: "cut"
+    def fail(self, suffix: str, kind: str, times: int = 1, method: str = "GET") -> None:
+        """The next ``times`` requests (``method``) of an object whose path ends with ``suffix``
+        fail: "cut"
         (the connection drops half way through the body), "stop" (so does the server, for
         good), "503" or "403"."""
         with self._lock:
-            self._faults.append([suffix, kind, times])
+            self._faults.append([suffix, kind, times, method])
 
     def _fault(self, environ) -> str | None:
         path = environ.get("PATH_INFO", "")
         with self._lock:
             for f in self._faults:
-                if environ["REQUEST_METHOD"] == "GET" and path.endswith(f[0]) and f[2] > 0:
+                if environ["REQUEST_METHOD"] == f[3] and path.endswith(f[0]) and f[2] > 0:
                     f[2] -= 1
                     return f[1]
         return None

@@ -9,7 +9,8 @@ A run that would write no example, or skip more than ``max_skipped`` of its reco
 of the tokens says so loudly, with the options that keep them. The dataset is built beside ``output`` and swapped in whole once
 its manifest ``ndp.json`` (the commit record, ``ndp.manifest``) is written: a run killed at any
 moment leaves ``output`` as it was (nothing, or the old dataset when overwriting), never part
-of a dataset.
+of a dataset. An output URL (``s3://bucket/prefix/``) gets each shard uploaded as it is
+finished and the manifest last (``ndp.upload``).
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from ndp.convert.tokenizer import (
 )
 from ndp.errors import ConfigError, ConvertError, RecordError
 from ndp.format import Dst, Src, max_tokens_per_packet, token_typ
-from ndp.manifest import staged_output
 from ndp.packet import encode_tokens
 from ndp.progress import progress_bar
+from ndp.remote import is_url
 from ndp.shard import ShardWriter
+from ndp.upload import dataset_output
 
 log = logging.getLogger("ndp.convert")
 OVERFLOW_RULES = ("truncate", "split")
@@ -66,6 +68,8 @@ class ConvertOptions:
     max_skipped: float = 0.01
     #: the split of a save_to_disk DatasetDict or of an ``hf:`` dataset
     hf_split: str = "train"
+    #: fsspec's options for an output URL (``ndp.upload``)
+    storage_options: dict | None = None
 
 
 @dataclass
@@ -149,9 +153,9 @@ def convert(
         )
     # an example with a loss mask (chat, prompt/completion) also carries its mask bits
     limits = {False: opts.max_tokens, True: min(opts.max_tokens, masked_capacity)}
-    out_dir = Path(output)
+    out_name = str(output).rstrip("/") if is_url(output) else str(Path(output))
     render = chat_renderer(tok)
-    summary = ConvertSummary(output=str(out_dir), tokenizer=tokenizer, token_width=width)
+    summary = ConvertSummary(output=out_name, tokenizer=tokenizer, token_width=width)
     started = time.perf_counter()
     total_bytes = sum(input_size(f) for f in files)
     known = KNOWN_FIELDS | set(opts.fields.values())
@@ -193,8 +197,9 @@ def convert(
                 summary.tokens += hi - lo
         batch.clear()
 
-    with staged_output(out_dir, overwrite=opts.overwrite) as stage:
-        writer = ShardWriter(stage, max_shard_bytes=opts.max_shard_bytes)
+    with dataset_output(output, overwrite=opts.overwrite,
+                        storage_options=opts.storage_options) as (stage, on_finish, publish):
+        writer = ShardWriter(stage, max_shard_bytes=opts.max_shard_bytes, on_finish=on_finish)
         with writer, bar:
             batch: list[Example] = []
             for where, record, nbytes in read_inputs(files, text_unit=opts.text_unit,
@@ -223,10 +228,10 @@ def convert(
             _check_skipped(summary, records, opts, early=False)
             _warn_truncation(summary, opts)
             writer.finish()
-            summary.shards = [str(out_dir / s.path.name) for s in writer.finished]
+            summary.shards = [f"{out_name}/{s.path.name}" for s in writer.finished]
             summary.bytes = sum(s.size for s in writer.finished)
             summary.seconds = time.perf_counter() - started
-            writer.commit(_manifest(summary, info, opts))
+            publish(writer.commit(_manifest(summary, info, opts)))
     return summary
 
 

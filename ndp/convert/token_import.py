@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ndp.manifest import staged_output
+from ndp.remote import is_url
+from ndp.upload import dataset_output
 from ndp.convert.sources import expand_inputs
 from ndp.convert.tokenfiles import (
     DEFAULT_SPLIT,
@@ -99,6 +100,7 @@ def convert_token_files(
     max_shard_bytes: int = 256 << 20,
     overwrite: bool = False,
     progress: bool = True,
+    storage_options: dict | None = None,
 ) -> TokenConvertSummary:
     """Convert llm.c / llm.q / raw uint16 token files (directories walked, sorted) into NDP
     shards and an ``ndp.json`` manifest in ``output``.
@@ -116,13 +118,14 @@ def convert_token_files(
         raise ConfigError("no input files given")
     plans = [_source_plan(read_token_file(p, fmt), eos_token_id, split) for p in files]
     width = 2 if max(p["max_id"] for p in plans) < 1 << 16 else 4
-    out_dir = Path(output)
-    summary = TokenConvertSummary(output=str(out_dir), token_width=width, files=plans)
+    out_name = str(output).rstrip("/") if is_url(output) else str(Path(output))
+    summary = TokenConvertSummary(output=out_name, token_width=width, files=plans)
     started = time.perf_counter()
     bar = progress_bar(total=sum(p["tokens"] for p in plans), unit="tok", unit_scale=True,
                        desc="convert", enabled=progress)
-    with staged_output(out_dir, overwrite=overwrite) as stage:
-        writer = ShardWriter(stage, max_shard_bytes=max_shard_bytes)
+    with dataset_output(output, overwrite=overwrite, storage_options=storage_options
+                        ) as (stage, on_finish, publish):
+        writer = ShardWriter(stage, max_shard_bytes=max_shard_bytes, on_finish=on_finish)
         with writer, bar:
             for path, plan in zip(files, plans):
                 tf = read_token_file(path, plan["format"])
@@ -144,10 +147,10 @@ def convert_token_files(
                 summary.tokens += plan["tokens"]
                 del tf
             writer.finish()
-            summary.shards = [str(out_dir / s.path.name) for s in writer.finished]
+            summary.shards = [f"{out_name}/{s.path.name}" for s in writer.finished]
             summary.bytes = sum(s.size for s in writer.finished)
             summary.seconds = time.perf_counter() - started
-            writer.commit(_manifest(summary, src, dst))
+            publish(writer.commit(_manifest(summary, src, dst)))
     return summary
 
 
