@@ -21,6 +21,11 @@ does), EOS after each document. Every pipeline reads the same documents in its o
   (pinned memory and upload when CUDA is present);
 * ``hf-datasets``: a Hugging Face ``datasets`` Arrow data set (memory-mapped from disk), the
   ``transformers`` padding collator, ``DataLoader`` with 2 workers.
+* the peers (``peers.py``, ``peers_mosaicml.py``, ``peers_dali.py``; ``--no-peers`` leaves them
+  out): torchdata's ``StatefulDataLoader``, litdata, MosaicML streaming and NVIDIA DALI's numpy
+  reader on the CPU, each the way its documentation recommends, installed on first use in
+  environments of their own under ``benchmarks/.peers/``; their conversion's time and size are
+  recorded beside their rows.
 
 Padded pipelines (``ndp-*-padded``, ``jsonl-tokenize``, ``hf-datasets``) deliver one document
 per row, cut at T; windowed ones deliver (x, y) windows of T+1 tokens. ``tokens_per_s`` counts
@@ -53,8 +58,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import RESULTS, machine  # noqa: E402
-import peers  # noqa: E402
+import peers  # noqa: E402  (bench_cpu, which imports ndp, in main: MosaicML runs this file without)
 
 PIPELINES = ["ndp-cpu-padded", "ndp-cpu-packed", "jsonl-tokenize", "memmap-get-batch",
              "threaded-numpy", "hf-datasets"]
@@ -373,7 +377,7 @@ def _vm_hwm_kb() -> int:
 
 
 def child(name: str, root: str, cfg: dict, seconds: float, first_only: bool) -> dict:
-    exe = str(peers.python()) if name in peers.PIPELINES else sys.executable
+    exe = str(peers.python_for(name)) if name in peers.PIPELINES else sys.executable
     cmd = [exe, __file__, "--run-one", name, "--root", root, "--cfg", json.dumps(cfg),
            "--seconds", str(seconds)] + (["--first-only"] if first_only else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -417,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small data, short runs")
     ap.add_argument("--smoke", action="store_true", help="tiny data, for the test suite")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=None, help="time budget per pipeline")
@@ -428,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"ndp-gpu-* rows need a GPU)")
     ap.add_argument("--no-peers", action="store_true",
                     help=f"leave out the peers ({', '.join(peers.PIPELINES)}; installed in "
-                         f"benchmarks/.peers/env on first use)")
+                         f"benchmarks/.peers/env, MosaicML in benchmarks/.peers/mosaicml-env, "
+                         f"on first use)")
     ap.add_argument("--run-one", help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--cfg", help=argparse.SUPPRESS)
@@ -439,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
                       first_only=args.first_only)
         print(json.dumps(res))
         os._exit(0)  # daemon producer threads and memmaps: leave at once
+    from bench_cpu import RESULTS, machine
+
+    args.out = args.out or RESULTS
     small = args.quick or args.smoke
     seconds = args.seconds or (0.5 if args.smoke else 2.0 if args.quick else 20.0)
     large = args.large_tokens or (
@@ -468,24 +476,17 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         cfg = {"B": args.batch, "T": args.seq, "pad": data["pad"], "eos": data["eos"],
                "tokenizer": data["tokenizer"]}
-        conversions = {}
-        if any(p.startswith("litdata") for p in pipelines):
-            for where in (work, work / "large"):
-                proc = subprocess.run([str(peers.python()), peers.__file__, "--prepare-litdata",
-                                       str(where), str(data["eos"]), str(args.seq + 1)],
-                                      capture_output=True, text=True, timeout=3600)
-                if proc.returncode:
-                    raise RuntimeError(f"litdata optimize failed:\n{proc.stderr[-3000:]}")
-                if where == work:
-                    conversions = json.loads(proc.stdout.strip().splitlines()[-1])
-            print(f"litdata optimize: {conversions['litdata']}", flush=True)
+        conversions = peers.convert(pipelines, work, cfg)
+        for kind, conversion in conversions.items():
+            print(f"{kind} conversion: {conversion['convert_seconds']:.2f} s, "
+                  f"{conversion['converted_bytes'] / 1e6:.1f} MB", flush=True)
         rows = []
         for name in pipelines:
             res = child(name, str(work), cfg, seconds, first_only=False)
             res["time_to_first_batch_s"] = child(name, str(work / "large"), cfg, 0,
                                                  first_only=True)["time_to_first_batch_s"]
             res["name"] = name
-            kind = name.rsplit("-", 1)[0] if name in peers.PIPELINES else name.split("-")[0]
+            kind = peers.kind(name) if name in peers.PIPELINES else name.split("-")[0]
             res["semantics"] = SEMANTICS[kind]
             if kind in conversions:
                 res["conversion"] = conversions[kind]
@@ -495,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"  CPU {res['host_cpu_s_per_billion_tokens']:8.0f} s/Gtok  RSS "
                   f"{res['peak_rss_mb']:6.0f} MB  first batch (1B) "
                   f"{res['time_to_first_batch_s']:6.2f} s", flush=True)
+        peers.finish(pipelines)
     report = {
         "benchmark": "loaders",
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

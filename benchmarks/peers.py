@@ -7,6 +7,13 @@ documentation recommends, on the same token stream and batch shape, in a process
 * ``litdata-<w>w``: litdata (0.2.76): ``optimize`` with ``TokensLoader`` (the documents' tokens
   in 64 MB of chunks), then ``StreamingDataset(item_loader=TokensLoader(block_size=T+1),
   shuffle=True)`` and ``StreamingDataLoader``, ``num_workers`` w;
+* ``mosaicml-<w>w``: MosaicML streaming (0.13.0): ``MDSWriter`` with an ``ndarray:uint16`` column,
+  one window of T+1 tokens per sample, ``StreamingDataset(local=..., shuffle=True,
+  batch_size=B)`` and a torch ``DataLoader``, ``num_workers`` w (``peers_mosaicml.py``);
+* ``dali-cpu``: NVIDIA DALI (``nvidia-dali-cuda120`` 2.4.0) on the CPU: ``fn.readers.numpy`` over
+  one ``.npy`` of the stream, a window of T+1 tokens per sample by ``roi_start`` / ``roi_shape``
+  at a new permutation of the window starts each epoch, cast to int64 in the pipeline,
+  ``num_threads=2``, ``DALIGenericIterator`` (``peers_dali.py``);
 
 with w = 0 (every loader's own default) and 2 (the cores of this machine, what the peers'
 docs suggest for throughput); and SFT rows, one document per row cut at T and padded (the
@@ -16,15 +23,23 @@ ndp's ``padded`` mode makes them:
 * ``torchdata-sft-0w``: ``StatefulDataLoader`` over a map-style dataset of the documents of
   the memmapped stream (found by their EOS once), a padding ``collate_fn``;
 * ``litdata-sft-0w``: ``optimize`` with one item per document, ``StreamingDataset`` +
-  ``StreamingDataLoader`` with the same padding ``collate_fn``. On a GPU every batch goes to the device with pinned memory and
-``non_blocking`` copies. The peers are installed, pinned, in a virtual environment of their
-own under ``benchmarks/.peers/env`` (with the system's site packages, and torch and NumPy held
-at the installed versions, so nothing replaces the CPU torch), made on first use.
+  ``StreamingDataLoader`` with the same padding ``collate_fn``;
+* ``mosaicml-sft-0w``: ``MDSWriter`` with one document per sample, ``StreamingDataset`` and a
+  ``DataLoader`` with the same padding ``collate_fn``.
 
-MosaicML streaming (0.13.0) is not run here: it requires numpy<2.2 and imports torchvision on
-import, and PyPI's torchvision wheel is CUDA-built, which next to the CPU torch fails
-(``operator torchvision::nms does not exist``); FFCV 1.0.2 does not install (it needs
-opencv4); DALI's wheel is CUDA-only. ``shuffle_quality.py`` compares MosaicML's shuffle.
+Every peer reads the same uint16 token stream (``all.bin``, EOS after each document) in its own
+format; ``convert`` times each conversion and sizes what it wrote. On a GPU every batch goes to
+the device with pinned memory and ``non_blocking`` copies. The peers are installed, pinned
+(``ENVS``), in virtual environments of their own, made on first use: torchdata, litdata and DALI
+in ``benchmarks/.peers/env`` (with the system's site packages, and torch and NumPy held at the
+installed versions, so nothing replaces the CPU torch); MosaicML streaming, which requires
+numpy<2.2 and imports torchvision on import (PyPI's torchvision next to the CPU torch fails:
+``operator torchvision::nms does not exist``), in ``benchmarks/.peers/mosaicml-env``, without
+the system's site packages, with torch 2.14.1 and torchvision 0.29.1 of their own (several GB).
+Its children import no ndp.
+
+Not run here: FFCV 1.0.2 does not install (it needs opencv4); DALI's GPU reader (it needs a GPU
+and cuFile). ``shuffle_quality.py`` compares MosaicML's shuffle.
 """
 
 from __future__ import annotations
@@ -38,40 +53,96 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ENV = HERE / ".peers" / "env"
-PACKAGES = ["torchdata==0.11.0", "litdata==0.2.76"]
-PIPELINES = ["torchdata-0w", "torchdata-2w", "litdata-0w", "litdata-2w", "torchdata-sft-0w",
-             "litdata-sft-0w"]
+#: the peers' environments, made on first use: folder, pinned packages, and whether it sees the
+#: system's site packages (then torch and NumPy are held at the installed versions)
+ENVS = {
+    "peers": (HERE / ".peers" / "env",
+              ["torchdata==0.11.0", "litdata==0.2.76", "nvidia-dali-cuda120==2.4.0"], True),
+    "mosaicml": (HERE / ".peers" / "mosaicml-env",
+                 ["torch==2.14.1", "torchvision==0.29.1", "numpy<2.2",
+                  "mosaicml-streaming==0.13.0"], False),
+}
+PIPELINES = ["torchdata-0w", "torchdata-2w", "litdata-0w", "litdata-2w", "mosaicml-0w",
+             "mosaicml-2w", "dali-cpu", "torchdata-sft-0w", "litdata-sft-0w", "mosaicml-sft-0w"]
 #: how each pipeline cuts the token stream into training windows
 SEMANTICS = {
     "torchdata": "a new permutation of fixed windows of the token stream each epoch",
     "litdata": "blocks of T+1 tokens of 64 MB chunks; chunks permuted, blocks shuffled in "
                "groups of 256 within a chunk",
+    "mosaicml": "fixed windows of T+1 tokens, one MDS sample each, in 64 MB shards; a new "
+                "py1e shuffle of the samples each epoch",
+    "dali": "a new permutation of fixed windows of the token stream each epoch",
     "torchdata-sft": "one document per row, a new permutation of the documents each epoch",
     "litdata-sft": "one document per row; chunks permuted, documents shuffled in groups of 256 "
                    "within a chunk",
+    "mosaicml-sft": "one document per row, one MDS sample each; a new py1e shuffle of the "
+                    "documents each epoch",
 }
+#: each peer's conversion step: the environment it runs in and its script (``--prepare ROOT
+#: EOS T`` prints the time and size of what it wrote, by pipeline kind)
+CONVERTERS = {"litdata": ("peers", HERE / "peers.py"),
+              "mosaicml": ("mosaicml", HERE / "peers_mosaicml.py"),
+              "dali": ("peers", HERE / "peers_dali.py")}
 
 
-def python() -> Path:
-    """The peers' interpreter, made (venv + pinned installs) on first use."""
-    exe = ENV / "bin" / "python"
-    marker = ENV / "installed.json"
-    if exe.exists() and marker.exists() and json.loads(marker.read_text()) == PACKAGES:
+def python(env: str = "peers") -> Path:
+    """The interpreter of the peers' environment ``env``, made (venv + pinned installs) on first
+    use."""
+    folder, packages, system = ENVS[env]
+    exe = folder / "bin" / "python"
+    marker = folder / "installed.json"
+    if exe.exists() and marker.exists() and json.loads(marker.read_text()) == packages:
         return exe
-    import numpy
-    import torch
-
     from ndp.atomic import atomic_write
 
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(ENV)],
-                   check=True)
-    constraints = atomic_write(ENV / "constraints.txt",
-                               f"torch=={torch.__version__}\nnumpy=={numpy.__version__}\n")
-    subprocess.run([str(exe), "-m", "pip", "install", "-q", "-c", str(constraints), *PACKAGES],
-                   check=True)
-    atomic_write(marker, json.dumps(PACKAGES))
+    print(f"installing {' '.join(packages)} into {folder} (once)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", *(["--system-site-packages"] if system else []),
+                    str(folder)], check=True)
+    pins = []
+    if system:
+        import numpy
+        import torch
+
+        pins = ["-c", str(atomic_write(folder / "constraints.txt",
+                                       f"torch=={torch.__version__}\nnumpy=={numpy.__version__}\n"))]
+    subprocess.run([str(exe), "-m", "pip", "install", "-q", *pins, *packages], check=True)
+    atomic_write(marker, json.dumps(packages))
     return exe
+
+
+def kind(name: str) -> str:
+    """``torchdata-sft-0w`` -> ``torchdata-sft``, ``dali-cpu`` -> ``dali``: the key of SEMANTICS."""
+    return name.rsplit("-", 1)[0]
+
+
+def python_for(name: str) -> Path:
+    """The interpreter pipeline ``name`` runs in."""
+    return python("mosaicml" if name.startswith("mosaicml") else "peers")
+
+
+def convert(pipelines: list[str], work: Path, cfg: dict) -> dict:
+    """Run the conversions ``pipelines`` need on ``work`` and ``work/large``; the time and size
+    of ``work``'s, by pipeline kind."""
+    out = {}
+    for peer, (env, script) in CONVERTERS.items():
+        if not any(p in PIPELINES and p.startswith(peer) for p in pipelines):
+            continue
+        for where in (work, work / "large"):
+            proc = subprocess.run([str(python(env)), str(script), "--prepare", str(where),
+                                   str(cfg["eos"]), str(cfg["T"])],
+                                  capture_output=True, text=True, timeout=3600)
+            if proc.returncode:
+                raise RuntimeError(f"{peer} conversion failed:\n{proc.stderr[-3000:]}")
+            if where == work:
+                out.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def finish(pipelines: list[str]) -> None:
+    """Remove what the peers leave behind them (MosaicML's shared memory)."""
+    if any(p.startswith("mosaicml") for p in pipelines):
+        subprocess.run([str(python("mosaicml")), str(CONVERTERS["mosaicml"][1]), "--clean"],
+                       check=True, capture_output=True, timeout=600)
 
 
 def _device_batch(x, y) -> dict:
@@ -269,15 +340,22 @@ def pipe_litdata_sft(root: Path, cfg: dict, *, workers: int):
 
 
 def make(name: str, root: Path, cfg: dict):
+    if name.startswith("mosaicml"):
+        import peers_mosaicml
+
+        return peers_mosaicml.make(name, root, cfg)
+    if name.startswith("dali"):
+        import peers_dali
+
+        return peers_dali.pipe_dali(root, cfg)
     kind, workers = name.rsplit("-", 1)
     make_one = {"torchdata": pipe_torchdata, "litdata": pipe_litdata,
                 "torchdata-sft": pipe_torchdata_sft, "litdata-sft": pipe_litdata_sft}[kind]
     return make_one(root, cfg, workers=int(workers.rstrip("w")))
 
 
-if __name__ == "__main__":  # python benchmarks/peers.py --prepare-litdata ROOT EOS BLOCK
-    if sys.argv[1] == "--prepare-litdata":
-        out = prepare_litdata(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
-        out = {"litdata": out,
-               "litdata-sft": prepare_litdata_sft(Path(sys.argv[2]), int(sys.argv[3]))}
-        print(json.dumps(out))
+if __name__ == "__main__":  # python benchmarks/peers.py --prepare ROOT EOS T (litdata's)
+    if sys.argv[1] == "--prepare":
+        root, eos, T = Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+        print(json.dumps({"litdata": prepare_litdata(root, eos, T + 1),
+                          "litdata-sft": prepare_litdata_sft(root, eos)}))
