@@ -116,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--storage-options", type=json.loads, default=None, metavar="JSON",
                    help="for an OUTPUT URL (s3://bucket/prefix/): fsspec's options as JSON")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local (default): this process; ray: Ray Data tasks, one per input "
+                        "file, on a local Ray or the cluster at --ray-address (pip install "
+                        "'ndp[ray]')")
+    p.add_argument("--ray-address", default=None,
+                   help="the Ray cluster (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--ray-num-cpus", type=int, default=None,
+                   help="CPUs of a local Ray (default: all of this machine's)")
     p.set_defaults(func=commands.run_convert)
 
     p = sub.add_parser("export", help="NDP shards -> llm.c token files")

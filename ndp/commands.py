@@ -71,6 +71,9 @@ def run_convert(args: argparse.Namespace) -> int:
     from ndp.errors import ConfigError, ConvertError
 
     fmt = _input_format(args)
+    if fmt != "text" and args.engine == "ray":
+        raise ConfigError("--engine ray converts text inputs (JSONL, Parquet, Arrow, text); "
+                          "token files are converted without a tokenizer: drop --engine")
     if fmt != "text":
         from ndp.convert.token_import import convert_token_files
 
@@ -108,7 +111,14 @@ def run_convert(args: argparse.Namespace) -> int:
         storage_options=args.storage_options,
     )
     try:
-        summary = convert(args.inputs, args.output, tokenizer=args.tokenizer, options=opts)
+        if args.engine == "ray":
+            from ndp.convert.ray_engine import convert_ray
+
+            summary = convert_ray(args.inputs, args.output, tokenizer=args.tokenizer,
+                                  options=opts, address=args.ray_address,
+                                  num_cpus=args.ray_num_cpus)
+        else:
+            summary = convert(args.inputs, args.output, tokenizer=args.tokenizer, options=opts)
     except ConvertError as err:  # the inputs' records: like damage found, exit 1
         print(f"ndp convert: {err}", file=sys.stderr)
         return 1

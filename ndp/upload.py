@@ -35,13 +35,16 @@ class RemoteOutput:
     """Uploads a conversion to ``url`` (see the module docstring)."""
 
     def __init__(self, url: str, *, storage_options: dict | None = None,
-                 overwrite: bool = False, retries: int = RETRIES) -> None:
+                 overwrite: bool = False, retries: int = RETRIES,
+                 keep_manifest: bool = False) -> None:
+        """``keep_manifest``: only upload shards (a task of a conversion whose driver deals
+        with the manifest, ``ndp.convert.ray_engine``)."""
         self.url = url.rstrip("/")
         self.fs, self.root = filesystem(url, storage_options)
         self.retries = retries
         where = f"{self.url}/{MANIFEST}"
-        exists = with_retries(where, lambda: self.fs.exists(f"{self.root}/{MANIFEST}"),
-                              retries=retries)
+        exists = not keep_manifest and with_retries(
+            where, lambda: self.fs.exists(f"{self.root}/{MANIFEST}"), retries=retries)
         self.old: dict | None = None
         if exists:
             if not overwrite:
@@ -84,13 +87,18 @@ class RemoteOutput:
             except BaseException as exc:  # noqa: BLE001 - raised by put() or finish()
                 self._error = exc
 
+    def wait(self) -> None:
+        """Wait for the shards' uploads; raise the error of one that failed."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
     def finish(self, manifest: Path) -> None:
         """Wait for the shards' uploads, then upload ``manifest`` (the commit) and delete the
         old dataset's shards that the new one does not have."""
-        self._queue.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        self.wait()
         record = json.loads(manifest.read_text())
         missing = sorted({e["name"] for e in record["shards"]} - set(self.uploaded))
         if missing:
@@ -110,8 +118,9 @@ class RemoteOutput:
     def abort(self) -> None:
         """Stop uploading (what is up stays, without a manifest: not a dataset)."""
         self._error = self._error or RemoteError(f"{self.url}: conversion aborted")
-        self._queue.put(None)
-        self._thread.join()
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
 
 
 @contextlib.contextmanager

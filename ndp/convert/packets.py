@@ -75,6 +75,8 @@ class PacketMaker:
         self.summary = ConvertSummary(output=out_name, tokenizer=tokenizer, token_width=width)
         self.known = KNOWN_FIELDS | set(opts.fields.values())
         self.ignored: set[str] = set()
+        #: the first 20 records skipped, as logged (``file:line: why``)
+        self.skip_log: list[str] = []
 
     def skip(self, err: RecordError) -> None:
         summary = self.summary
@@ -82,6 +84,7 @@ class PacketMaker:
             raise err
         summary.skipped[err.kind] = summary.skipped.get(err.kind, 0) + 1
         if summary.skipped_total <= 20:
+            self.skip_log.append(str(err))
             log.warning("skipped %s", err)
         elif summary.skipped_total == 21:
             log.warning("more records skipped; the summary counts them all")
