@@ -169,3 +169,19 @@ def test_shuffle_quality_smoke_run_tells_a_shuffle_from_a_rotation(tmp_path):
     ndp, rotation = rows["ndp, window 1 GiB (default)"], rows["ndp before (rotation)"]
     assert ndp["adjacent_kept"] < 0.01 < 0.9 < rotation["adjacent_kept"]
     assert abs(ndp["mean_displacement"] - 1 / 3) < 0.05
+
+
+def test_remote_benchmark_smoke_run_reads_the_same_tokens_three_ways(tmp_path):
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_remote.py"), "--shards", "2",
+                           "--shard-mb", "0.5", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (path,) = tmp_path.glob("remote-*.json")
+    rows = {r["name"]: r for r in json.loads(path.read_text())["rows"]}
+    assert rows["local-disk"]["tokens"] == rows["s3-cold-cache"]["tokens"] \
+        == rows["s3-warm-cache"]["tokens"] > 0
+    data_bytes = json.loads(path.read_text())["config"]["bytes"]
+    assert rows["s3-cold-cache"]["downloaded_bytes"] == data_bytes  # each shard once
+    assert rows["s3-warm-cache"]["downloaded_bytes"] == 0  # all from the cache
