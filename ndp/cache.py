@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from ndp.atomic import TMP_SUFFIX, AtomicFile, atomic_write
 from ndp.errors import CacheFullError
@@ -193,6 +193,19 @@ class ShardCache:
                 out.append((entry.name, st.st_size, st.st_mtime))
         return out
 
+    def _stale(self, name: str) -> bool:
+        """Whether ``name`` is the temporary file of a download no process is making (one
+        killed mid-way): removed, so that it holds no room."""
+        if not name.endswith(TMP_SUFFIX):
+            return False
+        shard = name[: -len(TMP_SUFFIX)]
+        try:
+            with FileLock(str(self.dir / shard) + LOCK_SUFFIX, timeout=0):
+                (self.dir / name).unlink(missing_ok=True)
+        except Timeout:
+            return False  # a download under way
+        return True
+
     def _make_room(self, name: str, size: int, *, wait: float) -> AtomicFile:
         """The temporary file ``name`` downloads into, made at its full size once the shards
         and downloads in the cache leave room for it under ``limit``."""
@@ -205,7 +218,7 @@ class ShardCache:
         waited = False
         while True:
             with FileLock(str(self.dir / ".cache") + LOCK_SUFFIX):
-                held = self._shards(downloading=True)
+                held = [h for h in self._shards(downloading=True) if not self._stale(h[0])]
                 total = sum(s for _, s, _ in held)
                 if total + size > self.limit:
                     pinned = self._all_pins()

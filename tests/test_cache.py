@@ -86,3 +86,10 @@ def test_pins_of_a_live_process_hold_and_of_a_dead_one_do_not(tmp_path):
 def test_a_shard_larger_than_the_limit_is_refused(tmp_path):
     with pytest.raises(CacheFullError, match="more than cache_limit=4"):
         ShardCache(tmp_path, limit=4).get("a.ndp", 5, writer(b"12345"))
+
+
+def test_a_temporary_file_left_by_a_killed_download_holds_no_room(tmp_path):
+    cache = ShardCache(tmp_path, limit=10)
+    (tmp_path / "a.ndp.tmp").write_bytes(b"x" * 8)  # a download killed half way
+    cache.get("b.ndp", 5, writer(b"y" * 5))
+    assert not (tmp_path / "a.ndp.tmp").exists() and (tmp_path / "b.ndp").exists()
