@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace shards already in OUTPUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--storage-options", type=json.loads, default=None, metavar="JSON",
-                   help="for an OUTPUT URL (s3://bucket/prefix/): fsspec's options as JSON")
+                   help="for input and OUTPUT URLs (s3://bucket/prefix/): fsspec's options as JSON")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local (default): this process; ray: Ray Data tasks, one per input "
                         "file, on a local Ray or the cluster at --ray-address (pip install "

@@ -55,7 +55,7 @@ def _input_format(args: argparse.Namespace) -> str:
     if args.format != "auto":
         return args.format
     found = {p: detect_token_format(p) if isinstance(p, Path) and p.is_file() else None
-             for p in expand_inputs(args.inputs)}
+             for p in expand_inputs(args.inputs, storage_options=args.storage_options)}
     tokens = [p for p, f in found.items() if f]
     text = [p for p, f in found.items() if not f]
     if tokens and text:

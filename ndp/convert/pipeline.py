@@ -41,14 +41,15 @@ def convert(
     tokenizer: str,
     options: ConvertOptions = ConvertOptions(),
 ) -> ConvertSummary:
-    """Convert ``inputs`` (JSONL, Parquet, text files or directories) into shards in ``output``.
+    """Convert ``inputs`` (JSONL, Parquet, text files or directories, local or at a URL read
+    with ``options.storage_options``) into shards in ``output``.
 
     ``tokenizer`` is a local Hugging Face tokenizer directory or a cached name. Raises
     ``RecordError`` on the first bad record when ``options.strict``; otherwise bad records are
     logged (``ndp.convert`` logger) and counted in ``summary.skipped``.
     """
     opts = options
-    files = expand_inputs(list(inputs))
+    files = expand_inputs(list(inputs), storage_options=opts.storage_options)
     maker = PacketMaker(tokenizer, opts, output=output)
     summary = maker.summary
     started = time.perf_counter()

@@ -5,8 +5,8 @@ converter's work spread over a Ray cluster's cores.
     RAY_ADDRESS=http://head:8265 ray job submit --working-dir . -- \\
         ndp convert /shared/in/ s3://bucket/tokens/ --tokenizer gpt2 --engine ray
 
-The inputs (after ``expand_inputs``: files in sorted order) are a Ray Dataset of one row per
-file; a ``map`` over it runs, in Ray tasks, the local converter's own records-to-packets code
+The inputs (after ``expand_inputs``: files in sorted order, local or at a URL, which each task
+then reads itself) are a Ray Dataset of one row per file; a ``map`` over it runs, in Ray tasks, the local converter's own records-to-packets code
 (``ndp.convert.packets.PacketMaker``) on one file each, into shards named after the file's
 place in the input order (``shard-<file>-<k>.ndp``). So the packets are the local converter's,
 in the same order when shards are read by name; only where shards begin and end differs (each
@@ -55,14 +55,16 @@ class _ConvertFile:
     """A Ray Data task's work: one input file to shards (the tokenizer loaded once per
     worker)."""
 
-    def __init__(self, tokenizer: str, options: ConvertOptions, target: str) -> None:
+    def __init__(self, tokenizer: str, options: ConvertOptions, target: str,
+                 inputs: list) -> None:
         from ndp.convert.tokenizer import load_tokenizer
 
         self.tokenizer, self.opts, self.target = tokenizer, options, target
+        self.inputs = inputs  # every input (a local path, "hf:NAME" or a RemoteInput)
         self.tok = load_tokenizer(tokenizer)
 
     def __call__(self, row: dict) -> dict:
-        unit, path = int(row["unit"]), row["path"]
+        unit = int(row["unit"])
         maker = PacketMaker(self.tokenizer, self.opts, output=self.target, tok=self.tok)
         remote = is_url(self.target)
         with contextlib.ExitStack() as stack:
@@ -78,8 +80,7 @@ class _ConvertFile:
             writer = ShardWriter(local, prefix=f"shard-{unit:05d}",
                                  max_shard_bytes=self.opts.max_shard_bytes, on_finish=on_finish)
             try:
-                records = maker.run([Path(path) if not path.startswith("hf:") else path],
-                                    writer, early_check=False)
+                records = maker.run([self.inputs[unit]], writer, early_check=False)
                 writer.finish()
             except BaseException:
                 writer.abort()
@@ -107,7 +108,7 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
     except ImportError:
         raise ConfigError("--engine ray needs Ray Data: pip install 'ndp[ray]'") from None
     opts = options
-    files = expand_inputs(list(inputs))
+    files = expand_inputs(list(inputs), storage_options=opts.storage_options)
     maker = PacketMaker(tokenizer, opts, output=output)  # checks the options and tokenizer here
     summary = maker.summary
     started = time.perf_counter()
@@ -131,10 +132,10 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
             uploader = None
             stage = stack.enter_context(staged_output(Path(output), overwrite=opts.overwrite))
             target = str(stage)
-        units = [{"unit": i, "path": str(f)} for i, f in enumerate(files)]
+        units = [{"unit": i} for i in range(len(files))]
         dataset = ray.data.from_items(units, override_num_blocks=max(1, len(units))).map(
             _ConvertFile, fn_constructor_kwargs={"tokenizer": tokenizer, "options": opts,
-                                                 "target": target},
+                                                 "target": target, "inputs": files},
             compute=ray.data.ActorPoolStrategy(
                 min_size=1, max_size=max(1, int(ray.available_resources().get("CPU", 1)))))
         done: dict[int, dict] = {}

@@ -26,13 +26,31 @@ import contextlib
 import json
 import logging
 import os
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from ndp.errors import ConfigError, RecordError
 
 Item = tuple[str, Any, int]  # (where, record or RecordError, input bytes consumed)
-Input = Path | str  # a file, a save_to_disk folder, or "hf:NAME"
+
+
+@dataclass(frozen=True)
+class RemoteInput:
+    """An input file in object storage (an fsspec URL), read from a local copy made when it
+    is read; records are named by the URL."""
+
+    url: str
+    size: int
+    storage_options: dict | None = field(default=None, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.url.rstrip("/").rsplit("/", 1)[-1]
+
+
+Input = Path | str | RemoteInput  # a file, a save_to_disk folder, "hf:NAME", or a URL's file
 TEXT_UNITS = ("file", "line")
 HUB = "hf:"
 COMPRESSION = (".gz", ".bz2", ".xz", ".zst")
@@ -60,6 +78,8 @@ def is_saved_dataset(path: Path) -> bool:
 def input_kind(item: Input) -> str:
     """``hub``, ``saved`` (a save_to_disk folder), ``json``, ``parquet``, ``arrow`` or
     ``text``."""
+    if isinstance(item, RemoteInput):
+        return "remote"
     if isinstance(item, str):
         return "hub"
     if is_saved_dataset(item):
@@ -69,6 +89,8 @@ def input_kind(item: Input) -> str:
 
 def input_size(item: Input) -> int:
     """Bytes on disk (0 for a dataset named on the hub)."""
+    if isinstance(item, RemoteInput):
+        return item.size
     if isinstance(item, str):
         return 0
     if item.is_dir():
@@ -233,7 +255,9 @@ def read_inputs(inputs: list[Input], *, text_unit: str = "file",
         raise ConfigError(f"text_unit must be one of {TEXT_UNITS}, got {text_unit!r}")
     for item in expand_inputs(inputs):
         kind = input_kind(item)
-        if kind == "hub":
+        if kind == "remote":
+            yield from _read_remote(item, text_unit, split)
+        elif kind == "hub":
             yield from _read_hub(item, split)
         elif kind == "saved":
             yield from _read_saved(item, split)
@@ -243,12 +267,54 @@ def read_inputs(inputs: list[Input], *, text_unit: str = "file",
             yield from _read_file(item, kind)
 
 
-def expand_inputs(inputs: list[str | os.PathLike]) -> list[Input]:
+def _read_remote(item: RemoteInput, text_unit: str, split: str) -> Iterator[Item]:
+    """The records of a file in object storage, read from a local copy (the records named by
+    the URL, as the local file's would be by its path)."""
+    from ndp.remote import filesystem, with_retries
+
+    fs, path = filesystem(item.url, item.storage_options)
+    with tempfile.TemporaryDirectory(prefix="ndp-input-") as tmp:
+        local = Path(tmp) / item.name
+        with_retries(item.url, lambda: fs.get_file(path, str(local)))
+        prefix = str(local)
+        for where, record, nbytes in read_inputs([local], text_unit=text_unit, split=split):
+            where = where.replace(prefix, item.url, 1)
+            if isinstance(record, RecordError):
+                record = RecordError(record.where.replace(prefix, item.url, 1), record.problem,
+                                     kind=record.kind)
+            yield where, record, nbytes
+
+
+def _expand_url(url: str, storage_options: dict | None) -> list[RemoteInput]:
+    """The files at ``url`` (a file, or every file under a prefix, in sorted order)."""
+    from ndp.remote import filesystem, with_retries
+
+    fs, path = filesystem(url, storage_options)
+    scheme = url.split("://", 1)[0]
+    found = with_retries(url, lambda: fs.find(path, detail=True))
+    if not found:
+        raise ConfigError(f"input {url} does not exist (no object there or under it)")
+    return [RemoteInput(f"{scheme}://{p.lstrip('/')}" if scheme != "file" else p,
+                        int(info.get("size") or 0), storage_options)
+            for p, info in sorted(found.items()) if info.get("type", "file") == "file"]
+
+
+def expand_inputs(inputs: list[str | os.PathLike | RemoteInput], *,
+                  storage_options: dict | None = None) -> list[Input]:
     """Inputs: ``hf:`` names and ``save_to_disk`` folders as given, files as given, other
     directories walked recursively in sorted order (a ``save_to_disk`` folder inside one is
-    one input)."""
+    one input); a URL (``s3://bucket/in/``, read with ``storage_options``) is its files, or
+    every file under it in sorted order."""
+    from ndp.remote import is_url
+
     out: list[Input] = []
     for given in inputs:
+        if isinstance(given, RemoteInput):
+            out.append(given)
+            continue
+        if is_url(given):
+            out.extend(_expand_url(str(given), storage_options))
+            continue
         if isinstance(given, str) and given.startswith(HUB):
             out.append(given)
             continue

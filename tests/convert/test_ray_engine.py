@@ -1,7 +1,7 @@
 """ndp.convert.ray_engine: ``convert_ray`` on a local Ray (num_cpus=2) writes the local
 converter's packets in the same order (only the shard boundaries differ), counts the same bad
-records by reason, and writes to object storage (moto's S3 on 127.0.0.1) as the local
-converter does."""
+records by reason, and reads from and writes to object storage (moto's S3 on 127.0.0.1) as the
+local converter does."""
 
 from __future__ import annotations
 
@@ -76,8 +76,11 @@ def test_ray_writes_the_local_converters_packets(local_ray, inputs, tokenizer_di
 def test_ray_converts_to_object_storage(local_ray, inputs, tokenizer_dir, s3_server, tmp_path):
     bucket = s3_server.bucket("ndp-ray-out")
     url = f"s3://{bucket}/tok"
-    convert_ray(inputs, url, tokenizer=tokenizer_dir,
-                options=ConvertOptions(**OPTS, storage_options=s3_server.options))
+    for path in inputs:  # the inputs in the bucket too: each task fetches its own file
+        s3_server.fs().pipe(f"{bucket}/in/{path.name}", path.read_bytes())
+    summary = convert_ray([f"s3://{bucket}/in/"], url, tokenizer=tokenizer_dir,
+                          options=ConvertOptions(**OPTS, storage_options=s3_server.options))
+    assert summary.skipped == {"bad_json": 1}
     convert(inputs, tmp_path / "local", tokenizer=tokenizer_dir, options=ConvertOptions(**OPTS))
     puts = [p for m, p in s3_server.requests if m == "PUT" and p.startswith(f"/{bucket}/")]
     assert puts[-1] == f"/{bucket}/tok/ndp.json"

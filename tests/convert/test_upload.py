@@ -89,3 +89,28 @@ def test_a_failed_upload_commits_nothing(corpus, tokenizer_dir, s3_server, tmp_p
     with pytest.raises(ManifestError, match="not there"):
         Loader(f"s3://{bucket}/tok", batch_size=1, seq_len=8,
                storage_options=s3_server.options, cache_dir=tmp_path)
+
+
+def test_inputs_in_object_storage_convert_as_local_ones(corpus, tokenizer_dir, s3_server,
+                                                        tmp_path):
+    bucket = s3_server.bucket("ndp-convert-in")
+    fs = s3_server.fs()
+    text = corpus.read_text().splitlines()
+    fs.pipe(f"{bucket}/in/a.jsonl", ("\n".join(text[:5]) + "\nnot json\n").encode())
+    fs.pipe(f"{bucket}/in/b.jsonl", ("\n".join(text[5:]) + "\n").encode())
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_bytes(fs.cat_file(f"{bucket}/in/a.jsonl"))
+    (tmp_path / "in" / "b.jsonl").write_bytes(fs.cat_file(f"{bucket}/in/b.jsonl"))
+    opts = json.dumps(s3_server.options)
+    remote = convert(f"s3://{bucket}/in/", tmp_path / "from-s3", tokenizer_dir,
+                     "--storage-options", opts, "--max-skipped", "0.5")
+    local = convert(tmp_path / "in", tmp_path / "from-disk", tokenizer_dir, "--max-skipped",
+                    "0.5")
+    assert remote.returncode == local.returncode == 0, remote.stderr + local.stderr
+    assert f"skipped s3://{bucket}/in/a.jsonl:6: bad JSON" in remote.stderr
+    assert remote.stdout.splitlines()[:2] == local.stdout.splitlines()[:2]  # the same counts
+    got, want = read_all(tmp_path / "from-s3"), read_all(tmp_path / "from-disk")
+    assert len(got) == len(want) > 0 and all(np.array_equal(a, b) for a, b in zip(got, want))
+    missing = convert(f"s3://{bucket}/nothing/", tmp_path / "x", tokenizer_dir,
+                      "--storage-options", opts)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
