@@ -19,6 +19,7 @@ from ndp.corpus import Corpus
 from ndp.dataset import NDPDataset, QubGPUDataset
 from ndp.decoder import CpuDecoder, Decoder
 from ndp.errors import (
+    CacheFullError,
     ConfigError,
     DataError,
     IndexMismatchError,
@@ -28,6 +29,7 @@ from ndp.errors import (
     NDPError,
     PacketError,
     RecordError,
+    RemoteError,
     ShardFormatError,
     TokenizerError,
     UnsupportedVersionError,
@@ -36,11 +38,13 @@ from ndp.format import DropReason, Dst, Src, Typ, max_tokens_per_packet
 from ndp.index import Index, build_index, load_index, scan, scan_shard
 from ndp.loader import Loader, LoaderStats
 from ndp.packet import Packet, crc16_ccitt, decode_packet, encode_packet, encode_tokens
+from ndp.remote import RemoteDataset
 from ndp.shard import Shard, ShardWriter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CacheFullError", "RemoteDataset", "RemoteError",
     "ConfigError", "Corpus", "DataError", "LoaderStateError", "LoaderUsageError",
     "ManifestError", "CpuDecoder", "Decoder", "Loader", "LoaderStats", "NDPDataset",
     "QubGPUDataset", "resolve_backend", "DecodeStats", "DropReason", "Dst", "Index", "IndexMismatchError",

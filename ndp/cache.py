@@ -35,6 +35,7 @@ from filelock import FileLock, Timeout
 from ndp.atomic import TMP_SUFFIX, AtomicFile, atomic_write
 from ndp.errors import CacheFullError
 from ndp.format import SHARD_SUFFIX
+from ndp.manifest import pid_alive
 
 PINS = ".pins"
 LOCK_SUFFIX = ".lock"
@@ -62,16 +63,6 @@ class CacheStats:
     retries: int = 0
     evicted: int = 0
     waits: int = 0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ShardCache:
@@ -124,7 +115,7 @@ class ShardCache:
             pid = entry.name.split("-", 1)[0]
             if entry.name.endswith(TMP_SUFFIX) or not pid.isdigit():
                 continue
-            if not _pid_alive(int(pid)):
+            if not pid_alive(int(pid)):
                 entry.unlink(missing_ok=True)
                 continue
             try:

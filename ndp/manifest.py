@@ -132,7 +132,8 @@ def entries_by_name(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------- replacing a dataset
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -147,7 +148,7 @@ def _clean_leftovers(output: Path) -> None:
     for kind in (_STAGING, _OLD):
         for left in output.parent.glob(f".{output.name}{kind}*"):
             pid = left.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(left, ignore_errors=True)
 
 

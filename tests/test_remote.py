@@ -247,3 +247,20 @@ def test_a_url_without_a_manifest_is_not_a_dataset(s3_server, tmp_path):
     with pytest.raises(ManifestError, match="ndp.json: not there"):
         Loader(f"s3://{bucket}/data", batch_size=1, seq_len=8,
                storage_options=s3_server.options, cache_dir=tmp_path)
+
+
+def test_one_prefetch_thread_per_dataset_and_none_after_close(remote, s3_server, tmp_path):
+    import threading
+
+    def prefetchers() -> int:
+        return sum(t.name == "ndp-prefetch" and t.is_alive() for t in threading.enumerate())
+
+    before = prefetchers()
+    loader = Loader(remote, mode="packed", batch_size=2, seq_len=16, output="arrays",
+                    storage_options=s3_server.options, cache_dir=tmp_path)
+    for _ in range(2):  # two epochs: the same thread, asleep between its downloads
+        for _ in loader:
+            assert prefetchers() - before <= 1
+    assert prefetchers() - before == 1
+    loader.close()
+    assert prefetchers() == before
