@@ -264,3 +264,20 @@ def test_one_prefetch_thread_per_dataset_and_none_after_close(remote, s3_server,
     assert prefetchers() - before == 1
     loader.close()
     assert prefetchers() == before
+
+
+def test_the_cuda_backend_reads_a_url_as_the_cpu_backend_reads_disk(local, remote, s3_server,
+                                                                   tmp_path):
+    """Whole shards staged on the device (``ndp.device_shards``) from the cache: under the
+    simulator without a GPU, on the device with one."""
+    kw = dict(mode="padded", output="arrays", seed=4, batch_size=6, seq_len=24, prefetch=1)
+    want = batches(Loader(local, **kw))[:3]
+    with Loader(remote, backend="cuda", storage_options=s3_server.options, cache_dir=tmp_path,
+                **kw) as loader:
+        got = []
+        for batch in loader:
+            got.append({k: v.copy_to_host() if hasattr(v, "copy_to_host") else np.asarray(v)
+                        for k, v in batch.items()})
+            if len(got) == 3:
+                break
+    assert same(got, want)
