@@ -185,3 +185,19 @@ def test_remote_benchmark_smoke_run_reads_the_same_tokens_three_ways(tmp_path):
     data_bytes = json.loads(path.read_text())["config"]["bytes"]
     assert rows["s3-cold-cache"]["downloaded_bytes"] == data_bytes  # each shard once
     assert rows["s3-warm-cache"]["downloaded_bytes"] == 0  # all from the cache
+
+
+def test_gpt2_sized_training_ab_smoke_run_times_every_feed(tmp_path):
+    """--quick: the tiny model, on feeds that need no peer environment."""
+    proc = subprocess.run([sys.executable, str(BENCH / "train_gpt2.py"), "--quick", "--feeds",
+                           "ndp-cpu-packed", "memmap-get-batch", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (path,) = tmp_path.glob("train-gpt2-*.json")
+    report = json.loads(path.read_text())
+    assert [r["name"] for r in report["rows"]] == ["ndp-cpu-packed", "memmap-get-batch"]
+    for row in report["rows"]:
+        assert row["steps"] == 5 and row["tokens"] == 5 * 4 * 128
+        assert 0 <= row["wait_fraction"] <= 1 and row["step_ms_p99"] >= row["step_ms_p50"] > 0
+    # the two feeds start from the same weights: the same model size
+    assert report["rows"][0]["parameters"] == report["rows"][1]["parameters"]
