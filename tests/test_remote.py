@@ -281,3 +281,14 @@ def test_the_cuda_backend_reads_a_url_as_the_cpu_backend_reads_disk(local, remot
             if len(got) == 3:
                 break
     assert same(got, want)
+
+
+def test_verify_of_a_url_fails_a_shard_that_is_not_the_manifests(local, remote, s3_server,
+                                                                 tmp_path):
+    data = (local / NAMES[1]).read_bytes()
+    s3_server.fs().pipe(f"{remote[5:]}/{NAMES[1]}", data[:40] + bytes([data[40] ^ 4]) + data[41:])
+    proc = subprocess.run([sys.executable, "-m", "ndp.cli", "verify", remote,
+                           "--storage-options", json.dumps(s3_server.options), "--cache-dir",
+                           str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert f"FAIL  {remote}/{NAMES[1]}" in proc.stdout and "2 passed, 1 failed" in proc.stdout
