@@ -138,6 +138,11 @@ def test_ndpdataset_and_cli_read_a_url(local, remote, s3_server, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ndp.cli", "inspect", "--json", remote, *opts],
                           capture_output=True, text=True)
     assert sum(r["packets"] for r in json.loads(proc.stdout)) == 60
+    for source, out in ((remote, tmp_path / "remote.bin"), (str(local), tmp_path / "local.bin")):
+        proc = subprocess.run([sys.executable, "-m", "ndp.cli", "export", source, "-o", str(out),
+                               "--no-progress", *opts], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "remote.bin").read_bytes() == (tmp_path / "local.bin").read_bytes()
 
 
 # ------------------------------------------------------------------------------------ faults
