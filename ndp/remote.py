@@ -41,7 +41,13 @@ import numpy as np
 from ndp.atomic import atomic_write
 from ndp.cache import ShardCache, default_cache_dir
 from ndp.errors import IndexMismatchError, ManifestError, RemoteError, ShardChangedError
-from ndp.format import INDEX_SUFFIX, SHARD_HEADER_BYTES, SHARD_VERSION
+from ndp.format import (
+    INDEX_HEADER_BYTES,
+    INDEX_HEADER_DTYPE,
+    INDEX_SUFFIX,
+    SHARD_HEADER_BYTES,
+    SHARD_VERSION,
+)
 from ndp.index import parse_index
 from ndp.manifest import MANIFEST, parse_manifest
 from ndp.shard import Shard, ShardHeader, parse_shard_header
@@ -164,25 +170,22 @@ class RemoteDataset:
             if not isinstance(got, dict):  # one path: fsspec returns its bytes
                 got = {paths[0]: got}
             failed = [v for v in got.values() if isinstance(v, Exception)]
-            permanent_ = [v for v in failed if permanent(v)]
-            if permanent_:
-                raise permanent_[0]
-            if failed:
-                raise failed[0]
+            if failed:  # a permanent error first: retrying the others would not help
+                raise ([v for v in failed if permanent(v)] or failed)[0]
             return got
 
         got = with_retries(f"{self.url}: the shards' indexes", fetch, retries=self.retries)
         for entry, path in zip(missing, paths):
             url = f"{self.url}/{entry['name']}{INDEX_SUFFIX}"
-            raw = got.get(path, got.get(self.fs._strip_protocol(path)))
-            index = parse_index(bytes(raw), url)
+            raw = bytes(got[path])
+            index = parse_index(raw, url)
             if index.shard_size != entry["bytes"] or index.shard_crc32 != entry["crc32"]:
                 raise IndexMismatchError(
                     f"{url}: made for a shard of {index.shard_size:,} bytes with crc32 "
                     f"{index.shard_crc32:#010x}; the manifest lists {entry['bytes']:,} bytes "
                     f"and {entry['crc32']:#010x}: the index is stale. Rebuild it with 'ndp "
                     f"index' on a local copy and upload it")
-            atomic_write(self.cache.path(entry["name"] + INDEX_SUFFIX), bytes(raw))
+            atomic_write(self.cache.path(entry["name"] + INDEX_SUFFIX), raw)
 
     # ------------------------------------------------------------------------------ shards
     def download(self, entry: dict, out: IO[bytes]) -> None:
@@ -232,7 +235,7 @@ class RemoteDataset:
 
         with progress_bar(total=sum(e["bytes"] for e in self.entries), unit="B",
                           unit_scale=True, desc=f"fetching {self.url}",
-                          disable=not progress) as bar:
+                          enabled=progress) as bar:
             out = []
             for e in self.entries:
                 out.append(self.fetch(e))
@@ -261,8 +264,19 @@ class RemoteShard(Shard):
         self.path = dataset.cache.path(entry["name"])
         self._data: np.ndarray | None = None
         self._checked: tuple | None = None  # identity of the file whose header was checked
-        raw = self.index_path.read_bytes()
-        self._offset = parse_index(raw, self.index_path).data_offset
+        self._offset: int | None = None  # where packets start, as the index's header says
+
+    @property
+    def data_offset(self) -> int:
+        """Where the shard's packets start, from its index's header (read once; the whole
+        index is read and checked by ``load_index``)."""
+        if self._offset is None:
+            with open(self.index_path, "rb") as f:
+                head = f.read(INDEX_HEADER_BYTES)
+            if len(head) < INDEX_HEADER_BYTES:
+                raise IndexMismatchError(f"{self.index_path}: not an ndp index (too short)")
+            self._offset = int(np.frombuffer(head, INDEX_HEADER_DTYPE)[0]["data_offset"])
+        return self._offset
 
     @property
     def size(self) -> int:
@@ -270,8 +284,8 @@ class RemoteShard(Shard):
 
     @property
     def header(self) -> ShardHeader:
-        return ShardHeader(SHARD_VERSION if self._offset == SHARD_HEADER_BYTES else None,
-                           self._offset)
+        offset = self.data_offset
+        return ShardHeader(SHARD_VERSION if offset == SHARD_HEADER_BYTES else None, offset)
 
     @property
     def identity(self) -> tuple[int, int, int, int]:
@@ -285,9 +299,10 @@ class RemoteShard(Shard):
             head = np.zeros(min(self.size, SHARD_HEADER_BYTES), np.uint8)
             FILES.read_ranges(path, identity, np.zeros(1, np.int64),
                               np.array([head.shape[0]], np.int64), head, np.zeros(1, np.int64))
-            if parse_shard_header(head, self.url, size=self.size).data_offset != self._offset:
+            if parse_shard_header(head, self.url, size=self.size).data_offset \
+                    != self.data_offset:
                 raise IndexMismatchError(f"{self.url}{INDEX_SUFFIX}: its packets start at "
-                                         f"byte {self._offset}, the shard's header says "
+                                         f"byte {self.data_offset}, the shard's header says "
                                          f"otherwise; rebuild the index ('ndp index')")
             self._checked = identity
         return identity

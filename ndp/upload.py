@@ -106,8 +106,8 @@ class RemoteOutput:
                               f"was committed")
         self._put_file(manifest)
         if self.old is not None:
-            stale = [e["name"] for e in self.old["shards"]
-                     if e["name"] not in set(self.uploaded)]
+            kept = set(self.uploaded)
+            stale = [e["name"] for e in self.old["shards"] if e["name"] not in kept]
             for name in stale:
                 for key in (name, name + INDEX_SUFFIX):
                     try:

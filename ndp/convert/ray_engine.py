@@ -151,9 +151,11 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
         records, entries, ignored, logged = 0, [], set(), 0
         for unit in sorted(done):
             r = done[unit]
-            for line in r["skip_log"][:max(0, 21 - logged)]:  # as the local converter logs
-                log.warning("skipped %s", line) if logged < 20 else log.warning(
-                    "more records skipped; the summary counts them all")
+            for line in r["skip_log"]:  # as the local converter logs them
+                if logged < 20:
+                    log.warning("skipped %s", line)
+                elif logged == 20:
+                    log.warning("more records skipped; the summary counts them all")
                 logged += 1
             records += r["records"]
             for k in _COUNTS:
