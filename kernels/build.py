@@ -72,6 +72,44 @@ def in_loss(shard, mask, t):  # pragma: no cover - compiled
 
 
 @cpu_kernel
+def copy_ids(shard, tok, t, count, width, out, at):  # pragma: no cover - compiled
+    """``out[at + k]`` = token ``t + k`` of a payload whose tokens start at byte ``tok``, for
+    ``k < count``. Unsigned indices: a signed one is tested for a negative value (Python's
+    wrap-around) on every access, which keeps LLVM from vectorizing the loop."""
+    base = np.uint64(tok) + np.uint64(t) * np.uint64(width)
+    o = np.uint64(at)
+    one = np.uint64(1)
+    if width == 2:
+        for k in range(np.uint64(0), np.uint64(count)):
+            p = base + np.uint64(2) * k
+            out[o + k] = (np.int64(shard[p]) << 8) | np.int64(shard[p + one])
+    else:
+        for k in range(np.uint64(0), np.uint64(count)):
+            p = base + np.uint64(4) * k
+            out[o + k] = ((np.int64(shard[p]) << 24) | (np.int64(shard[p + one]) << 16)
+                          | (np.int64(shard[p + np.uint64(2)]) << 8)
+                          | np.int64(shard[p + np.uint64(3)]))
+
+
+@cpu_kernel
+def copy_labels(shard, tok, mask, t, count, width, out, at):  # pragma: no cover - compiled
+    """``copy_ids``, then ``IGNORE_INDEX`` where a token's mask bit is 0 (``mask >= 0``)."""
+    copy_ids(shard, tok, t, count, width, out, at)
+    if mask >= 0:
+        for k in range(count):
+            if not in_loss(shard, mask, t + k):
+                out[at + k] = IGNORE_INDEX
+
+
+@cpu_kernel
+def fill(out, lo, hi, value):  # pragma: no cover - compiled
+    """``out[lo:hi] = value`` (``0 <= lo``), with unsigned indices."""
+    v = np.int64(value)
+    for k in range(np.uint64(lo), np.uint64(max(lo, hi))):
+        out[k] = v
+
+
+@cpu_kernel
 def _build_padded(shard, offsets, row_packet, pad_id, input_ids, labels, attention_mask, w_t, m_t,
                   lo, hi):  # pragma: no cover - compiled
     max_len = input_ids.shape[1]
@@ -79,15 +117,12 @@ def _build_padded(shard, offsets, row_packet, pad_id, input_ids, labels, attenti
         off = np.int64(offsets[row_packet[r]])
         n, tok, mask, width = token_layout(shard, off, w_t, m_t)
         m = min(n, max_len)
-        for t in range(m):
-            value = token_at(shard, tok, t, width)
-            input_ids[r, t] = value
-            labels[r, t] = value if in_loss(shard, mask, t) else IGNORE_INDEX
-            attention_mask[r, t] = 1
-        for t in range(m, max_len):
-            input_ids[r, t] = pad_id
-            labels[r, t] = IGNORE_INDEX
-            attention_mask[r, t] = 0
+        copy_ids(shard, tok, 0, m, width, input_ids[r], 0)
+        copy_labels(shard, tok, mask, 0, m, width, labels[r], 0)
+        fill(attention_mask[r], 0, m, 1)
+        fill(input_ids[r], m, max_len, pad_id)
+        fill(labels[r], m, max_len, IGNORE_INDEX)
+        fill(attention_mask[r], m, max_len, 0)
 
 
 def build_padded_cpu(
@@ -127,19 +162,24 @@ def _build_packed(shard, offsets, rows, cum, start, x, y, w_t, m_t, lo, hi):  # 
     for b in range(lo, hi):
         s = start + b * seq  # stream position of x[b, 0]
         r = np.searchsorted(cum, s, side="right") - 1  # cum[r] <= s < cum[r + 1]
-        n, tok, mask, width = token_layout(shard, np.int64(offsets[rows[r]]), w_t, m_t)
         t = s - cum[r]
-        for j in range(seq + 1):
-            while t >= n:  # move on to the next non-empty packet of the stream
+        xb, yb = x[b], y[b]
+        j = 0  # window position: token j of the window is x[b, j] (j < seq), y[b, j - 1] (j > 0)
+        while j <= seq:
+            n, tok, mask, width = token_layout(shard, np.int64(offsets[rows[r]]), w_t, m_t)
+            if t >= n:  # move on to the next non-empty packet of the stream
                 r += 1
                 t = 0
-                n, tok, mask, width = token_layout(shard, np.int64(offsets[rows[r]]), w_t, m_t)
-            value = token_at(shard, tok, t, width)
+                continue
+            run = min(n - t, seq + 1 - j)  # window positions j .. j + run - 1 from this packet
             if j < seq:
-                x[b, j] = value
-            if j > 0:
-                y[b, j - 1] = value if in_loss(shard, mask, t) else IGNORE_INDEX
-            t += 1
+                copy_ids(shard, tok, t, min(run, seq - j), width, xb, j)
+            if j == 0:
+                copy_labels(shard, tok, mask, t + 1, run - 1, width, yb, 0)
+            else:
+                copy_labels(shard, tok, mask, t, run, width, yb, j - 1)
+            j += run
+            t += run
 
 
 def build_packed_cpu(
@@ -167,21 +207,21 @@ def _build_packing(shard, offsets, doc_packet, doc_col, doc_len, row_docs, pad_i
                    labels, attention_mask, position_ids, w_t, m_t, lo, hi):  # pragma: no cover
     row_len = input_ids.shape[1]
     for r in range(lo, hi):
-        for c in range(row_len):
-            input_ids[r, c] = pad_id
-            labels[r, c] = IGNORE_INDEX
-            attention_mask[r, c] = 0
-            position_ids[r, c] = 0
+        ids, lab, att, pos = input_ids[r], labels[r], attention_mask[r], position_ids[r]
+        fill(ids, 0, row_len, pad_id)
+        fill(lab, 0, row_len, IGNORE_INDEX)
+        fill(att, 0, row_len, 0)
+        fill(pos, 0, row_len, 0)
         for d in range(row_docs[r], row_docs[r + 1]):
             n, tok, mask, width = token_layout(shard, np.int64(offsets[doc_packet[d]]), w_t, m_t)
-            col = doc_col[d]
-            for t in range(doc_len[d]):
-                value = token_at(shard, tok, t, width)
-                input_ids[r, col + t] = value
-                if t > 0 and in_loss(shard, mask, t):
-                    labels[r, col + t] = value
-                attention_mask[r, col + t] = 1
-                position_ids[r, col + t] = t
+            col, m = doc_col[d], doc_len[d]
+            copy_ids(shard, tok, 0, m, width, ids, col)
+            if m > 1:  # labels from the second token: none predicts this document's start
+                copy_labels(shard, tok, mask, 1, m - 1, width, lab, col + 1)
+            fill(att, col, col + m, 1)
+            c = np.uint64(col)
+            for t in range(np.uint64(0), np.uint64(m)):
+                pos[c + t] = np.int64(t)
 
 
 def build_packing_cpu(
