@@ -201,3 +201,20 @@ def test_gpt2_sized_training_ab_smoke_run_times_every_feed(tmp_path):
         assert 0 <= row["wait_fraction"] <= 1 and row["step_ms_p99"] >= row["step_ms_p50"] > 0
     # the two feeds start from the same weights: the same model size
     assert report["rows"][0]["parameters"] == report["rows"][1]["parameters"]
+
+
+def test_cpu_breakdown_smoke_run(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / "cpu_breakdown.py"), "--smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("cpu-breakdown-*.json")
+    report = json.loads(result.read_text())
+    assert report["threads"] == 1 and "--smoke" in report["command"]
+    assert [(r["mode"], r["batch"]) for r in report["rows"]] == [("packed", 2), ("padded", 2)]
+    for row in report["rows"]:
+        ns = row["ns_per_token"]
+        assert row["tokens"] > 0 and row["batches"] > 3
+        # every stage ran and was timed on its thread; together they are part of the process'
+        for stage in ("stage", "verdicts", "layout", "build", "consumer"):
+            assert ns[stage] > 0, (row["mode"], stage)
+        assert sum(ns[k] for k in ("stage", "verdicts", "layout", "build")) < ns["process"]
