@@ -163,6 +163,16 @@ def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monk
             "host_cpu_s_per_billion_tokens": 1.5,
             "per_batch": {"launches": 0.031, "host_waits": 0.016}}},
     })
+    _write(tmp_path / "cpu-breakdown-1.json", {
+        "benchmark": "cpu-breakdown", "command": "python benchmarks/cpu_breakdown.py",
+        "corpus": "test corpus", "machine": machine, "threads": 1,
+        "rows": [{"mode": "packed", "batch": 16, "tokens_per_s": 1.7e8,
+                  "ns_per_token": {"stage": 2.25, "verdicts": 1.17, "layout": 0.61,
+                                   "build": 1.41, "producer_other": 0.78,
+                                   "consumer": 1.14, "process": 7.36}},
+                 {"mode": "padded", "batch": 64, "tokens_per_s": None,
+                  "ns_per_token": {"stage": 2.63, "build": None, "process": 9.43}}],
+    })
     _write(tmp_path / "sim-1.json", {"results": {"gpu_host_padded": {"tokens_per_s": 1.0}}})
     _write(tmp_path / "broken.json", "{not json")
     _write(tmp_path / "other.json", {"something": 1})
@@ -172,12 +182,13 @@ def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monk
     assert "kinds with no results file: none" in text
     for shown in ("ndp-cpu-padded", "jsonl-tokenize", "gpu_resident_padded", "Test GPU",
                   "650.0", "60.000", "3.50", "1,500.0", "ndp_cuda_resident_padded", "5.500",
-                  "0.031", "0.016"):
+                  "0.031", "0.016", "test corpus", "packed B=16", "7.36", "padded B=64",
+                  "2.63"):
         assert shown in text, shown
     assert "n/a" in text  # the missing figures are marked, not filled in
     for refused in ("sim-1.json", "broken.json", "other.json"):
         assert refused in text.split("not shown:")[-1]
-    assert images(nb) == 5  # decode, loader, pipelines, GPU decode calls, GPU Loader
+    assert images(nb) == 6  # decode, loader, pipelines, breakdown, GPU calls, GPU Loader
 
 
 def test_benchmark_notebook_with_no_results(tmp_path, monkeypatch):
@@ -185,7 +196,7 @@ def test_benchmark_notebook_with_no_results(tmp_path, monkeypatch):
     nb = execute("benchmark.ipynb")
     text = text_of(nb)
     assert "0 JSON file(s) (the directory does not exist)" in text
-    assert text.count(": skipped.") == 5 and "kinds with results: none" in text
+    assert text.count(": skipped.") == 6 and "kinds with results: none" in text
     assert images(nb) == 0
 
 
