@@ -2,12 +2,14 @@
 
     python benchmarks/bench_cpu.py                 # full grid (a few minutes on 2 cores)
     python benchmarks/bench_cpu.py --quick         # smaller data, for a smoke run
-    python benchmarks/bench_cpu.py --only loader   # one section (decode, convert, loader)
+    python benchmarks/bench_cpu.py --only loader   # one section (decode, crc, convert, loader)
 
 Decode is timed on synthetic shards of full-length packets (every row holds ``seq`` real
 tokens, so tokens/s counts only real tokens), with CRC validation on, reusing output buffers the
 way a training loop does. Each figure is the best of ``--repeats`` passes over the whole shard
-after one warm-up pass (Numba compile and page faults excluded). The converter is timed on the
+after one warm-up pass (Numba compile and page faults excluded). The crc section times the
+host's CRC loop (``crc16_update_host``) against its slice-by-16 table loop alone on one thread,
+over ranges of each length walking a 64 KiB buffer, in a compiled loop. The converter is timed on the
 standard library corpus of ``ndp demo`` with its trained tokenizer. The loader is timed end to
 end: ``ndp.Loader`` over shard files on disk (page cache warm), CPU backend, torch tensors out,
 one epoch per mode after a warm-up epoch, with the consumer's ``next()`` timed on its own.
@@ -31,7 +33,8 @@ import numpy as np
 from ndp.atomic import atomic_write
 from ndp.decode import PaddedBuffers, decode_packed, decode_padded, validate
 from ndp.kernels._jit import cpu_kernel
-from ndp.kernels.crc16 import CRC16_TABLES
+from ndp.kernels.clmul import HAS_CLMUL
+from ndp.kernels.crc16 import CRC16_TABLES, crc16_update_host, crc16_update_tables
 from ndp.packet import encode_tokens
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -107,6 +110,38 @@ def _crc_bytewise(data, offsets, tables):  # the per-byte table CRC, for compari
                 0, ((crc >> np.uint32(8)) ^ np.uint32(data[i])) & np.uint32(0xFF)]
         acc ^= crc
     return acc
+
+
+@cpu_kernel
+def _crc_ranges_host(buf, n, reps, tables):  # pragma: no cover - compiled
+    acc = np.uint32(0)
+    for r in range(reps):
+        off = (r * 64) % (buf.shape[0] - n)
+        acc ^= crc16_update_host(np.uint32(0xFFFF), buf, off, off + n, tables)
+    return acc
+
+
+@cpu_kernel
+def _crc_ranges_tables(buf, n, reps, tables):  # pragma: no cover - compiled
+    acc = np.uint32(0)
+    for r in range(reps):
+        off = (r * 64) % (buf.shape[0] - n)
+        acc ^= crc16_update_tables(np.uint32(0xFFFF), buf, off, off + n, tables)
+    return acc
+
+
+def bench_crc(repeats: int) -> dict:
+    buf = np.random.default_rng(0).integers(0, 256, 1 << 16, dtype=np.uint8)
+    rows = []
+    for n in (64, 128, 256, 512, 1024, 2048, 4096, 8192):
+        reps = max(1000, (50 << 20) // n)
+        table_s = best_of(lambda: _crc_ranges_tables(buf, n, reps, CRC16_TABLES), repeats)
+        host_s = best_of(lambda: _crc_ranges_host(buf, n, reps, CRC16_TABLES), repeats)
+        rows.append({"range_bytes": n, "tables_gb_per_s": reps * n / table_s / 1e9,
+                     "host_gb_per_s": reps * n / host_s / 1e9})
+        print(f"crc over {n:5d} B ranges: slice-by-16 {rows[-1]['tables_gb_per_s']:5.2f} GB/s  "
+              f"host loop {rows[-1]['host_gb_per_s']:5.2f} GB/s", flush=True)
+    return {"clmul": HAS_CLMUL, "threads": 1, "ranges": rows}
 
 
 def best_of(fn, repeats: int) -> float:
@@ -244,10 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="result file (default: results/)")
-    parser.add_argument("--only", choices=("decode", "convert", "loader"), action="append",
+    parser.add_argument("--only", choices=("decode", "crc", "convert", "loader"), action="append",
                         help="run only these sections (repeatable)")
     args = parser.parse_args(argv)
-    sections = args.only or ["decode", "convert", "loader"]
+    sections = args.only or ["decode", "crc", "convert", "loader"]
     n_packets, seq, batch = (2048, 512, 32) if args.quick else (32768, 1024, 64)
     result = {
         "benchmark": "cpu_decode_convert_loader",
@@ -257,11 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     if "decode" in sections:
         result["decode"] = bench_decode(n_packets, seq, batch, args.repeats)
+    if "crc" in sections:
+        result["crc"] = bench_crc(args.repeats)
     if "convert" in sections:
         result["convert"] = bench_convert(60 if args.quick else None)
     if "loader" in sections:
         result["loader"] = bench_loader(n_packets, seq, batch)
-    tag = "cpu" if len(sections) == 3 else "cpu-" + "-".join(sections)
+    tag = "cpu" if len(sections) == 4 else "cpu-" + "-".join(sections)
     path = args.out or RESULTS / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(result, indent=2) + "\n")

@@ -15,7 +15,15 @@ import pytest
 
 from ndp.format import IGNORE_INDEX, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
 from ndp.kernels.build import copy_ids, copy_labels, fill, in_loss, token_at, token_layout
-from ndp.kernels.crc16 import CRC16_TABLES, crc16_update, crc16_update_host
+from ndp.format import CRC16_POLY
+from ndp.kernels import clmul
+from ndp.kernels.crc16 import (
+    CLMUL_FROM_BYTES,
+    CRC16_TABLES,
+    crc16_update,
+    crc16_update_host,
+    crc16_update_tables,
+)
 from ndp.kernels.verdict import EMPTY, OK, TOKEN_RANGE, largest_id, usable
 from ndp.packet import encode_tokens
 
@@ -38,6 +46,69 @@ def test_host_crc_continues_from_any_state():
         mid = crc16_update_host(np.uint32(init), data, 0, 37, CRC16_TABLES)
         assert crc16_update_host(mid, data, 37, 100, CRC16_TABLES) == binascii.crc_hqx(
             data.tobytes(), init)
+
+
+# lengths around the switch to carry-less folding, its 64-byte strides and 16-byte blocks
+LONG_LENGTHS = [*range(CLMUL_FROM_BYTES - 2, CLMUL_FROM_BYTES + 70), 255, 256, 257, 1023, 2050,
+                4096, 8191, 8192, 8193, 65_541]
+
+
+def test_host_crc_equals_binascii_on_long_ranges_from_any_state():
+    data = RNG.integers(0, 256, 70_000, dtype=np.uint8)
+    for n in LONG_LENGTHS:
+        start = int(RNG.integers(0, 33))
+        init = int(RNG.integers(0, 1 << 16))
+        want = binascii.crc_hqx(data[start:start + n].tobytes(), init)
+        assert crc16_update_host(np.uint32(init), data, start, start + n, CRC16_TABLES) == want
+        assert crc16_update_tables(np.uint32(init), data, start, start + n, CRC16_TABLES) == want
+
+
+def test_host_crc_reads_a_strided_buffer_byte_by_byte():
+    every_other = RNG.integers(0, 256, 6000, dtype=np.uint8)[::2]  # not contiguous
+    for n in (CLMUL_FROM_BYTES, 1000, 2999):
+        want = binascii.crc_hqx(every_other[1:1 + n].tobytes(), 0xFFFF)
+        assert crc16_update_host(np.uint32(0xFFFF), every_other, 1, 1 + n, CRC16_TABLES) == want
+
+
+@pytest.mark.skipif(not clmul.HAS_CLMUL, reason="no PCLMULQDQ here: the table loop serves")
+def test_carry_less_folding_stops_at_the_last_whole_block_with_the_table_loops_state():
+    data = RNG.integers(0, 256, 9000, dtype=np.uint8)
+    for n in (64, 65, 79, 80, 127, 128, 143, 144, 1000, 8192):
+        for start in (0, 1, 7, 8, 15):
+            crc, pos = clmul.crc16_update_clmul(np.uint32(0x1D0F), data, np.uint64(start),
+                                                start + n, CRC16_TABLES)
+            assert pos == start + n - n % 16
+            assert crc == crc16_update_tables(np.uint32(0x1D0F), data, start, pos, CRC16_TABLES)
+
+
+def test_host_crc_catches_every_flipped_bit_and_swapped_bytes_in_a_long_packet():
+    data = RNG.integers(0, 256, 4096, dtype=np.uint8)
+    good = crc16_update_host(np.uint32(0xFFFF), data, 0, 4096, CRC16_TABLES)
+    for at in RNG.choice(4096 * 8, 300, replace=False):
+        bad = data.copy()
+        bad[at // 8] ^= np.uint8(1 << (at % 8))
+        assert crc16_update_host(np.uint32(0xFFFF), bad, 0, 4096, CRC16_TABLES) != good
+    swapped = data.copy()
+    swapped[[1000, 3000]] = swapped[[3000, 1000]]
+    if swapped[1000] != data[1000]:
+        assert crc16_update_host(np.uint32(0xFFFF), swapped, 0, 4096, CRC16_TABLES) != good
+
+
+def test_fold_constants_are_powers_of_x_modulo_the_polynomial():
+    assert [clmul.x_pow_mod(n) for n in range(16)] == [1 << n for n in range(16)]
+    assert clmul.x_pow_mod(16) == CRC16_POLY  # x^16 = poly (mod x^16 + poly)
+    # x^(a+b) = x^a * x^b: the table loop's CRC of one byte then b zero bytes is x^(8+8b+8) ...
+    for byte_row in range(1, 16):  # ... so table row k at byte 1 is x^(8k+16) mod P
+        assert CRC16_TABLES[byte_row, 1] == clmul.x_pow_mod(8 * byte_row + 16)
+
+
+def test_carry_less_loop_is_off_where_numba_targets_a_chosen_cpu(monkeypatch):
+    monkeypatch.setattr(clmul.numba.config, "CPU_NAME", "generic")
+    monkeypatch.setattr(clmul.numba.config, "CPU_FEATURES", "")
+    assert not clmul._host_has_pclmul()
+    monkeypatch.setattr(clmul.numba.config, "CPU_NAME", None)
+    monkeypatch.setattr(clmul.numba.config, "DISABLE_JIT", True)
+    assert not clmul._host_has_pclmul()
 
 
 @pytest.mark.parametrize("width", [2, 4])
