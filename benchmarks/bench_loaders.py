@@ -35,6 +35,13 @@ RSS is reported apart as ``worker_peak_rss_mb``) for a time budget
 after one warm-up batch, then its time to the first batch is measured again on a generated data
 set of at least 1 billion tokens (the same documents repeated) in a fresh process.
 
+``--rounds N`` runs the list N times over, in turns (the order reversed every other round), so
+that each pipeline meets the VM's slow and fast minutes alike: each row's figures are then the
+median of its rounds (``rounds`` holds them all) and ``paired`` holds, round by round, the
+fastest-to-the-CPU peer's host CPU per token divided by ndp's CPU Loader's, for SFT rows and for
+windows, with their median. On this shared VM the speed of one pipeline differs by 2x between
+hours; a ratio taken within a round is what holds still.
+
 Writes a table to stdout, JSON to benchmarks/results/loaders-<time>.json and PNG figures beside
 it.
 """
@@ -59,6 +66,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peers  # noqa: E402  (bench_cpu, which imports ndp, in main: MosaicML runs this file without)
+from loaders_report import figures, paired, summarize  # noqa: E402
 
 PIPELINES = ["ndp-cpu-padded", "ndp-cpu-packed", "jsonl-tokenize", "memmap-get-batch",
              "threaded-numpy", "hf-datasets"]
@@ -391,37 +399,6 @@ def child(name: str, root: str, cfg: dict, seconds: float, first_only: bool) -> 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def figures(report: dict, stem: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = report["pipelines"]
-    names = [r["name"] for r in rows]
-    out = []
-    for key, label, log in (("tokens_per_s", "tokens/s (real tokens)", True),
-                            ("next_p50_us", "consumer next() p50 (us)", True),
-                            ("time_to_first_batch_s", "time to first batch, >= 1B tokens (s)",
-                             True),
-                            ("peak_rss_mb", "peak RSS (MB)", False)):
-        fig, ax = plt.subplots(figsize=(8, 3.6))
-        ax.barh(names, [r[key] for r in rows], color="#4878a8")
-        if log:
-            ax.set_xscale("log")
-        ax.set_xlabel(label)
-        ax.invert_yaxis()
-        ax.set_title(f"{label}: {report['config']['B']} x {report['config']['T']}, "
-                     f"{report['machine']['cpu']} ({report['machine']['cores']} cores)",
-                     fontsize=9)
-        fig.tight_layout()
-        path = stem.with_name(f"{stem.name}-{key}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        out.append(path.name)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small data, short runs")
@@ -435,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pipelines", nargs="+", default=None, metavar="NAME",
                     help=f"run only these (of {', '.join(GPU_PIPELINES + PIPELINES)}; the "
                          f"ndp-gpu-* rows need a GPU)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the pipelines this many times in turns; rows are the medians")
     ap.add_argument("--no-peers", action="store_true",
                     help=f"leave out the peers ({', '.join(peers.PIPELINES)}; installed in "
                          f"benchmarks/.peers/env, MosaicML in benchmarks/.peers/mosaicml-env, "
@@ -485,9 +464,23 @@ def main(argv: list[str] | None = None) -> int:
         for kind, conversion in conversions.items():
             print(f"{kind} conversion: {conversion['convert_seconds']:.2f} s, "
                   f"{conversion['converted_bytes'] / 1e6:.1f} MB", flush=True)
+        if args.rounds < 1:
+            ap.error("--rounds must be 1 or more")
+        rounds: list[dict] = []
+        for r in range(args.rounds):
+            rounds.append({})
+            for name in (pipelines if r % 2 == 0 else pipelines[::-1]):
+                res = child(name, str(work), cfg, seconds, first_only=False)
+                rounds[-1][name] = res
+                print(f"{name:18s} {res['tokens_per_s'] / 1e6:9.2f} M tok/s "
+                      f"{res['samples_per_s']:10.0f} rows/s  next p50 {res['next_p50_us']:9.0f} us"
+                      f" p99 {res['next_p99_us']:9.0f} us  CPU "
+                      f"{res['host_cpu_s_per_billion_tokens']:8.1f} s/Gtok  RSS "
+                      f"{res['peak_rss_mb']:6.0f} MB" + (f"  (round {r + 1})" if args.rounds > 1
+                                                         else ""), flush=True)
         rows = []
         for name in pipelines:
-            res = child(name, str(work), cfg, seconds, first_only=False)
+            res = summarize([rd[name] for rd in rounds])
             res["time_to_first_batch_s"] = child(name, str(work / "large"), cfg, 0,
                                                  first_only=True)["time_to_first_batch_s"]
             res["name"] = name
@@ -498,9 +491,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(res)
             print(f"{name:18s} {res['tokens_per_s'] / 1e6:9.2f} M tok/s {res['samples_per_s']:10.0f}"
                   f" rows/s  next p50 {res['next_p50_us']:9.0f} us p99 {res['next_p99_us']:9.0f} us"
-                  f"  CPU {res['host_cpu_s_per_billion_tokens']:8.0f} s/Gtok  RSS "
+                  f"  CPU {res['host_cpu_s_per_billion_tokens']:8.1f} s/Gtok  RSS "
                   f"{res['peak_rss_mb']:6.0f} MB  first batch (1B) "
                   f"{res['time_to_first_batch_s']:6.2f} s", flush=True)
+        pairs = paired(pipelines, rounds)
+        for shape, pair in pairs.items():
+            print(f"{shape}: best peer's CPU per token / {pair['ndp']}'s, by round: "
+                  + ", ".join(f"{p['ratio']:.2f} ({p['peer']})" for p in pair["per_round"])
+                  + f"; median {pair['median']:.2f}", flush=True)
         peers.finish(pipelines)
     report = {
         "benchmark": "loaders",
@@ -509,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "config": {**{k: v for k, v in cfg.items() if k != "tokenizer"}, "seconds": seconds,
                    **{k: v for k, v in data.items() if k != "tokenizer"}},
+        "rounds": args.rounds,
         "pipelines": rows,
+        "paired": pairs,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"loaders-{dt.datetime.now():%Y%m%d-%H%M%S}"

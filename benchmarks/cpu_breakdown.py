@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_breakdown.py               # bench_loaders' corpus, B=16 and B=64
     python benchmarks/cpu_breakdown.py --data DIR    # an NDP dataset of your own
+    python benchmarks/cpu_breakdown.py --resident    # shards read into memory once (resident=True)
     python benchmarks/cpu_breakdown.py --smoke       # tiny, for the test suite
 
 ``ndp.Loader`` (CPU backend, torch tensors out) runs for a time budget per mode and batch size
@@ -76,11 +77,11 @@ def smoke_corpus(work: Path) -> Path:
 
 
 def measure(data: Path, spent: Counter, *, mode: str, batch: int, seq: int, pad: int,
-            seconds: float, chunk_batches: int | None = None) -> dict:
+            seconds: float, chunk_batches: int | None = None, resident: bool = False) -> dict:
     import ndp
 
     loader = ndp.Loader(data, mode=mode, batch_size=batch, seq_len=seq, pad_token_id=pad,
-                        seed=0, backend="cpu", chunk_batches=chunk_batches)
+                        seed=0, backend="cpu", chunk_batches=chunk_batches, resident=resident)
 
     def forever():
         while True:
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="per row (default 8)")
     ap.add_argument("--chunk-batches", type=int, default=None,
                     help="the Loader's chunk_batches (default: its own choice)")
+    ap.add_argument("--resident", action="store_true",
+                    help="the Loader's resident=True: every shard read into memory once")
     ap.add_argument("--smoke", action="store_true", help="tiny data and runs, for the tests")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
@@ -145,14 +148,16 @@ def main(argv: list[str] | None = None) -> int:
         for mode in ("packed", "padded"):
             for b in batches:
                 row = measure(data, spent, mode=mode, batch=b, seq=seq, pad=pad or 0,
-                              seconds=seconds, chunk_batches=args.chunk_batches)
+                              seconds=seconds, chunk_batches=args.chunk_batches,
+                              resident=args.resident)
                 rows.append(row)
                 ns = row["ns_per_token"]
                 print(f"{mode:7s} B={b:<3d} {row['tokens_per_s'] / 1e6:7.1f} M tok/s  CPU ns/token: "
                       + "  ".join(f"{k} {v:.2f}" for k, v in ns.items()), flush=True)
     report = {"benchmark": "cpu-breakdown", "created": dt.datetime.now().isoformat(),
               "command": " ".join(["python", "benchmarks/cpu_breakdown.py", *sys.argv[1:]]),
-              "machine": machine(), "corpus": corpus, "threads": 1, "rows": rows}
+              "machine": machine(), "corpus": corpus, "threads": 1, "resident": args.resident,
+              "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     from ndp.atomic import atomic_write
 

@@ -59,7 +59,8 @@ def test_gpu_loader_benchmark_smoke_run_under_the_simulator(tmp_path):
 
 def test_loader_comparison_smoke_run(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "bench_loaders.py"), "--smoke", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+                           str(tmp_path), "--rounds", "2"],
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (result,) = tmp_path.glob("loaders-*.json")
     report = json.loads(result.read_text())
@@ -68,10 +69,54 @@ def test_loader_comparison_smoke_run(tmp_path):
                           "memmap-get-batch", "threaded-numpy", "hf-datasets"}
     for p in report["pipelines"]:
         assert p["tokens_per_s"] > 0 and p["batches"] >= 1 and p["shape"] == [16, 1024]
+        # two rounds, and the row holds their median
+        assert len(p["rounds"]) == 2 and p["tokens_per_s"] == pytest.approx(
+            sum(r["tokens_per_s"] for r in p["rounds"]) / 2)
         assert p["time_to_first_batch_s"] > 0 and p["peak_rss_mb"] > 0
     assert report["config"]["large_tokens"] >= 300_000
+    assert report["rounds"] == 2 and report["paired"] == {}  # --smoke runs no peer
     for name in report["figures"]:
         assert (tmp_path / name).stat().st_size > 1000
+
+
+def _loaders_report():
+    import importlib
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module("loaders_report")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_loader_rounds_pair_each_ndp_row_with_the_cheapest_peer_of_its_round():
+    report = _loaders_report()
+
+    def run(cpu):
+        return {k: float(cpu) for k in report.ROUND_FIGURES} | {"batches": 3}
+
+    names = ["ndp-cpu-padded", "ndp-cpu-packed", "torchdata-0w", "litdata-0w",
+             "torchdata-sft-0w", "memmap-get-batch"]
+    rounds = [  # host CPU s per 1e9 tokens; memmap-get-batch is no peer, however cheap
+        {"ndp-cpu-padded": run(10), "ndp-cpu-packed": run(8), "torchdata-0w": run(12),
+         "litdata-0w": run(20), "torchdata-sft-0w": run(15), "memmap-get-batch": run(1)},
+        {"ndp-cpu-padded": run(20), "ndp-cpu-packed": run(10), "torchdata-0w": run(30),
+         "litdata-0w": run(11), "torchdata-sft-0w": run(24), "memmap-get-batch": run(1)},
+        {"ndp-cpu-padded": run(10), "ndp-cpu-packed": run(10), "torchdata-0w": run(9),
+         "litdata-0w": run(50), "torchdata-sft-0w": run(10), "memmap-get-batch": run(1)},
+    ]
+    pairs = report.paired(names, rounds)
+    assert [(p["peer"], p["ratio"]) for p in pairs["windows"]["per_round"]] == [
+        ("torchdata-0w", 1.5), ("litdata-0w", 1.1), ("torchdata-0w", 0.9)]
+    assert pairs["windows"]["median"] == 1.1
+    assert [p["ratio"] for p in pairs["sft"]["per_round"]] == [1.5, 1.2, 1.0]
+    assert pairs["sft"]["median"] == 1.2
+    # without peers there is nothing to pair
+    assert report.paired(["ndp-cpu-padded", "memmap-get-batch"], rounds) == {}
+    row = report.summarize([r["torchdata-0w"] for r in rounds])
+    assert row["host_cpu_s_per_billion_tokens"] == 12.0 and len(row["rounds"]) == 3
+    assert row["batches"] == 3
+    assert "rounds" not in report.summarize([rounds[0]["litdata-0w"]])
 
 
 def test_training_ab_smoke_run_curves_coincide(tmp_path):
@@ -203,13 +248,16 @@ def test_gpt2_sized_training_ab_smoke_run_times_every_feed(tmp_path):
     assert report["rows"][0]["parameters"] == report["rows"][1]["parameters"]
 
 
-def test_cpu_breakdown_smoke_run(tmp_path):
+@pytest.mark.parametrize("resident", [False, True])
+def test_cpu_breakdown_smoke_run(tmp_path, resident):
     proc = subprocess.run([sys.executable, str(BENCH / "cpu_breakdown.py"), "--smoke", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+                           str(tmp_path), *(["--resident"] if resident else [])],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (result,) = tmp_path.glob("cpu-breakdown-*.json")
     report = json.loads(result.read_text())
     assert report["threads"] == 1 and "--smoke" in report["command"]
+    assert report["resident"] is resident
     assert [(r["mode"], r["batch"]) for r in report["rows"]] == [("packed", 2), ("padded", 2)]
     for row in report["rows"]:
         ns = row["ns_per_token"]
