@@ -60,8 +60,15 @@ def machine() -> dict:
         except ImportError:
             pass
     try:
+        here = Path(__file__).parent
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=Path(__file__).parent).stdout.strip()
+                                text=True, cwd=here).stdout.strip()
+        # the code measured is not the commit's where its sources differ from it
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                  "ndp", "kernels", "benchmarks/*.py", "pyproject.toml"],
+                                 capture_output=True, text=True, cwd=here.parent).stdout.strip()
+        if commit and changed:
+            commit += "-dirty"
     except OSError:
         commit = ""
     return {
