@@ -43,11 +43,15 @@ from ndp.kernels._jit import cpu_kernel
 
 
 def _host_has_pclmul() -> bool:
+    """Whether the code Numba compiles here may use PCLMULQDQ (else the table loop serves)."""
     if numba.config.DISABLE_JIT or platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     if numba.config.CPU_NAME is not None:  # a chosen target (portable cache): maybe no pclmul
         return "+pclmul" in (numba.config.CPU_FEATURES or "")
-    return bool(llb.get_host_cpu_features().get("pclmul", False))
+    try:
+        return bool(llb.get_host_cpu_features().get("pclmul", False))
+    except RuntimeError:  # LLVM cannot read this host's features: assume none
+        return False
 
 
 #: whether ``crc16_update_clmul`` can run here (x86-64 with PCLMULQDQ, Numba targeting the host)

@@ -107,6 +107,12 @@ def test_carry_less_loop_is_off_where_numba_targets_a_chosen_cpu(monkeypatch):
     monkeypatch.setattr(clmul.numba.config, "CPU_FEATURES", "")
     assert not clmul._host_has_pclmul()
     monkeypatch.setattr(clmul.numba.config, "CPU_NAME", None)
+
+    def unreadable():
+        raise RuntimeError("failed to get host cpu features")
+
+    monkeypatch.setattr(clmul.llb, "get_host_cpu_features", unreadable)
+    assert not clmul._host_has_pclmul()
     monkeypatch.setattr(clmul.numba.config, "DISABLE_JIT", True)
     assert not clmul._host_has_pclmul()
 
