@@ -72,7 +72,7 @@ def preflight() -> list[str]:
         if not torch.cuda.is_available():
             problems.append(f"torch {torch.__version__} sees no CUDA device (a CPU build?)")
     except ImportError:
-        problems.append("torch is not installed: pip install 'ndp[torch]'")
+        problems.append("torch is not installed: pip install 'neural-datagram[torch]'")
     import numpy
 
     if tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 5):

@@ -44,7 +44,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("ndp")
+        return version("neural-datagram")
     except PackageNotFoundError:  # run from a source tree that is not installed
         return "unknown (not installed)"
 
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local (default): this process; ray: Ray Data tasks, one per input "
                         "file, on a local Ray or the cluster at --ray-address (pip install "
-                        "'ndp[ray]')")
+                        "'neural-datagram[ray]')")
     p.add_argument("--ray-address", default=None,
                    help="the Ray cluster (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--ray-num-cpus", type=int, default=None,

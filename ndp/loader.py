@@ -183,7 +183,7 @@ class Loader:
             except ImportError:
                 raise ConfigError(
                     "output='torch' (the default) needs torch, which is not installed: "
-                    "pip install \"ndp[torch]\", or pass output='arrays' for NumPy (CPU) or "
+                    "pip install \"neural-datagram[torch]\", or pass output='arrays' for NumPy (CPU) or "
                     "Numba device arrays (GPU)") from None
         drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
         self.backend = resolve_backend(backend)

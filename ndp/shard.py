@@ -85,7 +85,7 @@ def parse_shard_header(data: np.ndarray, path: str | os.PathLike = "<shard>", *,
     if version > SHARD_VERSION:
         raise UnsupportedVersionError(
             f"{path}: shard format version {version}, this ndp reads up to {SHARD_VERSION}. "
-            "Upgrade ndp (pip install -U ndp) to read it."
+            "Upgrade ndp (pip install -U neural-datagram) to read it."
         )
     if version < 1 or header_len < SHARD_HEADER_BYTES or header_len > size:
         raise ShardFormatError(

@@ -1,9 +1,11 @@
-"""kernels/ installs as ndp.kernels, never as a bare top-level 'kernels' module."""
+"""How ndp installs: kernels/ as ndp.kernels (never a bare top-level 'kernels' module), the
+distribution's own name, and a test set-up whose lock pins every requirement."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_kernels_are_inside_the_ndp_namespace(tmp_path):
@@ -61,6 +63,108 @@ def test_cuda_installs_keep_numpy_below_2_5_while_numba_cuda_needs_it():
     for extra in ("cuda12", "cuda13", "dev"):
         caps = [Requirement(r).specifier for r in extras[extra] if Requirement(r).name == "numpy"]
         assert caps and not any(c.contains("2.5.0") for c in caps), (
-            f"ndp[{extra}] admits numpy 2.5, with which numba-cuda's np.row_stack breaks the "
+            f"neural-datagram[{extra}] admits numpy 2.5, with which numba-cuda's np.row_stack breaks the "
             f"first kernel launch")
-        assert all(c.contains("2.4.6") for c in caps), f"ndp[{extra}] refuses numpy 2.4.6"
+        assert all(c.contains("2.4.6") for c in caps), f"neural-datagram[{extra}] refuses numpy 2.4.6"
+
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK = ROOT / "tests" / "constraints-cpu.txt"
+DIST = "neural-datagram"
+
+
+def _lock_pins() -> dict[str, str]:
+    """The lock's pins, by canonical name (``.ci/lock`` writes it)."""
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, version = line.partition("==")
+        assert sep and version and " " not in version, f"{LOCK.name}: not a pin: {line!r}"
+        pins[canonicalize_name(name)] = version
+    return pins
+
+
+def _requirements(extras: set[str]) -> list:
+    """The project's dependencies with ``extras``, its own extras expanded."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    todo, seen, out = list(extras), set(), [Requirement(r) for r in project["dependencies"]]
+    while todo:
+        extra = todo.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for text in project["optional-dependencies"][extra]:
+            req = Requirement(text)
+            if canonicalize_name(req.name) == DIST:
+                todo.extend(req.extras)
+            else:
+                out.append(req)
+    return out
+
+
+def test_the_test_lock_pins_every_dev_requirement_within_its_range():
+    """``pip install -c tests/constraints-cpu.txt -e ".[dev]"`` only resolves without
+    backtracking while every requirement has its one pin: a dependency added to pyproject.toml
+    without running ``.ci/lock`` fails here, not as a 48-minute resolver walk in a new venv."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    pins = _lock_pins()
+    env = {"python_version": "3.11", "python_full_version": "3.11.7", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "extra": ""}
+    problems = []
+    for req in _requirements({"dev"}):
+        if req.marker is not None and not req.marker.evaluate(env):
+            continue
+        pin = pins.get(canonicalize_name(req.name))
+        if pin is None:
+            problems.append(f"{req} has no pin")
+        elif not req.specifier.contains(Version(pin), prereleases=True):
+            problems.append(f"{req} is pinned to {pin}, outside its range")
+    assert not problems, f"run .ci/lock: {problems}"
+
+
+def test_the_lock_keeps_torch_a_cpu_install():
+    """torch is pinned without a +cpu label (the index picks the build) and none of the CUDA
+    build's own dependencies (nvidia-cublas, triton, ...) is in the lock: those come only with
+    the multi-GB CUDA build of torch."""
+    pins = _lock_pins()
+    assert "+" not in pins["torch"]
+    assert not [n for n in pins if n.startswith(("nvidia-cublas", "nvidia-cudnn", "triton"))]
+
+
+def test_the_distribution_is_not_pypis_ndp():
+    """``ndp`` on PyPI is another project (neutron depth profiling): every install line this
+    project prints or documents names our distribution."""
+    import re
+    import tomllib
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"] == DIST
+    def names_pypis_ndp(line: str) -> bool:
+        if re.search(r"\bndp\[[a-z]", line):  # an extra of ndp, such as ndp[torch]
+            return True
+        for command in re.split(r"&&|;|\|", line):  # what each pip install asks for
+            words = command.split()
+            for i in range(len(words) - 1):
+                if words[i] == "pip" and words[i + 1] == "install":
+                    asked = (w.strip("'\"`),.") for w in words[i + 2:])
+                    if any(w == "ndp" or w.startswith(("ndp[", "ndp=", "ndp>")) for w in asked):
+                        return True
+        return False
+
+    found = []
+    for path in [ROOT / "README.md", *ROOT.glob("ndp/**/*.py"), *ROOT.glob("benchmarks/*.py"),
+                 *ROOT.glob("kernels/*.py"), *ROOT.glob("notebooks/*.ipynb")]:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if names_pypis_ndp(line):
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

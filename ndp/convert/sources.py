@@ -105,7 +105,7 @@ def _quiet_datasets() -> Iterator[Any]:
         import datasets
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ConfigError("reading JSON, Parquet, Arrow and Hugging Face datasets needs "
-                          "'datasets' (pip install 'ndp[tokenize]')") from err
+                          "'datasets' (pip install 'neural-datagram[tokenize]')") from err
     was_off = datasets.utils.are_progress_bars_disabled()
     datasets.disable_progress_bars()
     # a file datasets cannot parse is logged as an ERROR before it raises; ndp reads on and
