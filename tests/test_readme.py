@@ -50,3 +50,28 @@ def test_the_readme_python_blocks_run_as_written(tmp_path, monkeypatch):
             raise AssertionError(f"README python block {i + 1} failed: {exc!r}\n{block}") from exc
     assert float(namespace["loss"]) > 0  # the GPU block trained on shifted labels
     namespace["loader"].close()
+
+
+def _bash_block_after(text: str, heading: str) -> list[str]:
+    rest = text[text.index(heading):]
+    block = re.search(r"```bash\n(.*?)```", rest, re.S).group(1)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_ci_builds_a_new_venv_and_runs_the_readme_test_command():
+    """CI cannot pass on packages the machine happened to have: ``.ci/run`` makes a new venv
+    (``python3 -m venv``) every run, then runs the README's install-and-test line in it, as
+    written."""
+    text = README.read_text(encoding="utf-8")
+    venv_line, test_line = _bash_block_after(text, "**Install and run the tests**")
+    assert venv_line.startswith("python3 -m venv ") and "bin/activate" in venv_line
+    install, _, pytest_cmd = test_line.partition(" && ")
+    assert install.startswith("pip install -c tests/constraints-cpu.txt ") and pytest_cmd
+    ci = (README.parent / ".ci" / "run").read_text()
+    lines = [ln.strip() for ln in ci.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    venv_at = next(i for i, ln in enumerate(lines) if ln.startswith("python3 -m venv "))
+    activate_at = next(i for i, ln in enumerate(lines) if "bin/activate" in ln)
+    install_at = lines.index(install)
+    test_at = next(i for i, ln in enumerate(lines) if ln.startswith(pytest_cmd))
+    assert venv_at < activate_at < install_at < test_at
+    assert "mktemp -d" in ci  # a new folder every run, never a venv left from before
