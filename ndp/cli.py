@@ -19,6 +19,16 @@ from ndp.errors import NDPError
 from ndp.format import Dst, Src
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _enum_arg(enum_type):
     def parse(text: str):
         try:
@@ -169,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the embedded default job: stdlib corpus end to end, offline")
     p.add_argument("--workdir", default="ndp-demo", help="where to write")
-    p.add_argument("--max-files", type=int, default=None, help="use only the first N files")
+    p.add_argument("--max-files", type=_at_least_one, default=None,
+                   help="use only the first N files (default: every file)")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=commands.run_demo)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shlex
 import sysconfig
 import time
 from dataclasses import dataclass, replace
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ndp.atomic import atomic_file
+from ndp.errors import ConfigError
 from ndp.format import Src
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
@@ -35,7 +37,29 @@ def stdlib_files(max_files: int | None = None) -> list[Path]:
     """The standard library's ``.py`` files (no site-packages), sorted for a stable corpus."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
-    return files[:max_files] if max_files else files
+    if max_files is not None and max_files < 1:
+        raise ConfigError(f"max_files must be at least 1 (or None for every file), got "
+                          f"{max_files}")
+    return files[:max_files] if max_files is not None else files
+
+
+def next_steps(workdir: Path) -> list[str]:
+    """What the demo tells the user to run next: commands that work with what the main job's
+    install has (``neural-datagram[tokenize]``: NumPy, no torch), so the batch comes as
+    arrays, and where torch tensors come from."""
+    code_dir = str(workdir / "shards" / "code")
+    loader = (f"import ndp; loader = ndp.Loader({json.dumps(code_dir)}, mode=\"packed\", "
+              f"batch_size=8, seq_len=1024, output=\"arrays\"); batch = next(iter(loader)); "
+              f"print(len(loader), \"batches; the first:\", "
+              f"{{k: (v.shape, v.dtype.name) for k, v in batch.items()}})")
+    return [
+        "Next:",
+        f"  ndp inspect {shlex.quote(code_dir)}",
+        f"  python -c {shlex.quote(loader)}",
+        "  For torch tensors (the default output), pip install \"neural-datagram[torch]\" and "
+        "drop output=\"arrays\"; README, 'Training batches'.",
+        f"  Remove it all with: rm -rf {shlex.quote(str(workdir))}",
+    ]
 
 
 def _read(path: Path) -> str | None:
@@ -252,10 +276,9 @@ def run_demo(
         f"filled); packed 1024-token windows: {packed['tokens_per_s'] / 1e6:.0f} M tokens/s "
         "(best of 3 passes after a warm-up)")
     written = sum(p.stat().st_size for p in workdir.rglob("*") if p.is_file())
-    say(f"done: {written / 1e6:.0f} MB written under {workdir.resolve()}. Next: "
-        f"'ndp inspect {workdir / 'shards' / 'code'}', train from it with "
-        f"ndp.Loader('{workdir / 'shards' / 'code'}', mode='packed', batch_size=8, "
-        f"seq_len=1024) (README, 'Training batches'); remove it with 'rm -rf {workdir}'")
+    say(f"done: {written / 1e6:.0f} MB written under {workdir.resolve()}.")
+    for line in next_steps(workdir):
+        say(line)
     return DemoReport(
         files=len(files),
         corpus_bytes=corpus_bytes,

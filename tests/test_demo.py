@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from ndp.demo import run_demo, sft_pairs
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ndp.cli import build_parser
+from ndp.demo import run_demo, sft_pairs, stdlib_files
+from ndp.errors import ConfigError
 
 
 def test_sft_pairs_split_docstring_from_body():
@@ -22,5 +32,33 @@ def test_demo_runs_end_to_end(tmp_path):
     assert any("round trip OK" in line for line in lines)
     assert (tmp_path / "tokenizer" / "tokenizer.json").exists()
     # it ends saying where it wrote how much, and what to do next
-    assert lines[-1].startswith("done: ") and f"under {tmp_path.resolve()}" in lines[-1]
-    assert "ndp inspect" in lines[-1] and "ndp.Loader(" in lines[-1]
+    done = next(i for i, line in enumerate(lines) if line.startswith("done: "))
+    assert f"under {tmp_path.resolve()}" in lines[done] and lines[done + 1] == "Next:"
+    _run_next_steps_without_torch(lines[done + 2:], tmp_path)
+
+
+def _run_next_steps_without_torch(lines: list[str], tmp_path: Path) -> None:
+    """The commands the demo prints run as printed with what the main job's install has
+    (neural-datagram[tokenize]: no torch), torch made unimportable here."""
+    blocker = tmp_path / "no-torch" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('torch is not installed')\n")
+    env = {**os.environ, "PYTHONPATH": str(blocker.parent)}
+    commands = [shlex.split(line.strip()) for line in lines
+                if line.strip().split(" ", 1)[0] in ("ndp", "python")]
+    assert [c[0] for c in commands] == ["ndp", "python"]
+    for argv in commands:
+        argv = ([sys.executable, "-m", "ndp.cli"] if argv[0] == "ndp" else [sys.executable]) \
+            + argv[1:]
+        run = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert run.returncode == 0, f"{lines}\n{run.stderr}"
+        assert "Traceback" not in run.stderr
+    assert "batches; the first:" in run.stdout and "'x': ((8, 1024), 'int64')" in run.stdout
+
+
+def test_demo_max_files_zero_is_refused_not_all():
+    with pytest.raises(ConfigError, match="at least 1"):
+        stdlib_files(0)
+    assert len(stdlib_files(3)) == 3
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--max-files", "0"])
