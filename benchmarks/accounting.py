@@ -2,16 +2,19 @@
 
     NUMBA_ENABLE_CUDASIM=1 python benchmarks/accounting.py     # anywhere (the counts are the
     python benchmarks/accounting.py                            #  same on a device)
+    python benchmarks/accounting.py --out benchmarks/results   # adds to the project's record
 
 A corpus of 900 short ramp packets in 3 shards; for each mode, from host memory and resident, a
 Loader at its default chunk size runs one warm-up epoch, is closed (its producer restarts, so
 the ramp of small first chunks is counted too), then two more epochs; ``loader.counters`` over
 those two, per batch the producer made. ``tests/test_counters.py`` bounds the same counts. JSON
-into ``benchmarks/results/{sim-,}accounting-<time>.json``.
+into ``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``):
+``{sim-,}accounting-<time>.json``.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import sys
@@ -22,7 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import RESULTS, machine  # noqa: E402
+from bench_cpu import machine  # noqa: E402
+from results_dir import add_out_argument  # noqa: E402
 
 from ndp.atomic import atomic_write  # noqa: E402
 from ndp.backend import simulated  # noqa: E402
@@ -33,7 +37,10 @@ from ndp.shard import ShardWriter  # noqa: E402
 CASES = [("padded", 2, 8), ("packed", 2, 6), ("packing", 2, 16)]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_out_argument(ap)
+    args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ndp-accounting-") as tmp:
         lengths = np.random.default_rng(9).integers(1, 12, 900)
@@ -66,9 +73,9 @@ def main() -> int:
               "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "command": "python benchmarks/accounting.py", "machine": machine(),
               "accounting": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     tag = "sim-accounting" if simulated() else "accounting"
-    path = RESULTS / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    path = args.out / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     atomic_write(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
     return 0

@@ -1,7 +1,8 @@
 """Bad inputs and misuse, tried as a hostile user would: how many ndp handles.
 
-    python benchmarks/bad_inputs.py        # about a minute; JSON into benchmarks/results/
-    python benchmarks/bad_inputs.py --out DIR
+    python benchmarks/bad_inputs.py        # about a minute; JSON into $NDP_RESULTS_DIR, else
+                                           #  ./ndp-results
+    python benchmarks/bad_inputs.py --out benchmarks/results   # adds to the project's record
 
 Each case damages a small ramp dataset (packet ``k`` holds ``k * 1000 + 0..n-1``), or misuses
 the API or the command line, the way issue 12 lists them: indexes, partial datasets, ranks,
@@ -38,7 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import RESULTS, machine  # noqa: E402
+from bench_cpu import machine  # noqa: E402
+from results_dir import add_out_argument  # noqa: E402
 
 from ndp.atomic import atomic_write  # noqa: E402
 from ndp.cli import main as cli  # noqa: E402
@@ -511,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ndp-bad-inputs-") as root:

@@ -1,8 +1,12 @@
-"""CPU decode, converter and loader throughput, written to benchmarks/results/ as JSON.
+"""CPU decode, converter and loader throughput, written as JSON.
 
     python benchmarks/bench_cpu.py                 # full grid (a few minutes on 2 cores)
     python benchmarks/bench_cpu.py --quick         # smaller data, for a smoke run
     python benchmarks/bench_cpu.py --only loader   # one section (decode, crc, convert, loader)
+    python benchmarks/bench_cpu.py --out benchmarks/results   # adds to the project's record
+
+``cpu-<time>.json`` goes to ``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``;
+see ``results_dir.py``); an ``--out`` ending in ``.json`` names the file itself.
 
 Decode is timed on synthetic shards of full-length packets (every row holds ``seq`` real
 tokens, so tokens/s counts only real tokens), with CRC validation on, reusing output buffers the
@@ -36,8 +40,7 @@ from ndp.kernels._jit import cpu_kernel
 from ndp.kernels.clmul import HAS_CLMUL
 from ndp.kernels.crc16 import CRC16_TABLES, crc16_update_host, crc16_update_tables
 from ndp.packet import encode_tokens
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from results_dir import OUT_HELP, add_out_argument
 
 
 def machine() -> dict:
@@ -285,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None, help="result file (default: results/)")
+    add_out_argument(parser, OUT_HELP + "; a path ending in .json names the file")
     parser.add_argument("--only", choices=("decode", "crc", "convert", "loader"), action="append",
                         help="run only these sections (repeatable)")
     args = parser.parse_args(argv)
@@ -306,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     if "loader" in sections:
         result["loader"] = bench_loader(n_packets, seq, batch)
     tag = "cpu" if len(sections) == 4 else "cpu-" + "-".join(sections)
-    path = args.out or RESULTS / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    path = args.out if args.out.suffix == ".json" else \
+        args.out / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")

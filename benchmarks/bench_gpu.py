@@ -6,6 +6,7 @@ call and is what a training loop uses.
 
     python benchmarks/bench_gpu.py            # on a machine with a CUDA GPU (a few minutes)
     python benchmarks/bench_gpu.py --quick    # smaller shard
+    python benchmarks/bench_gpu.py --out benchmarks/results   # adds to the project's record
 
 In one run, on one synthetic shard of full-length packets (CRC on, so every token is validated):
 
@@ -19,8 +20,8 @@ them: the next chunk is submitted before the current one is taken (``ring`` slot
 and the consumer's ``next()`` (take the batch, wrap it as torch tensors) is timed on its own for
 p50/p99. Alongside: host CPU time per billion tokens (process CPU time: every thread), peak
 device memory, and the physical limits measured in the same run (pinned host-to-device and
-device-to-device copy bandwidth). JSON goes to benchmarks/results/gpu-<time>.json with the
-device and versions.
+device-to-device copy bandwidth). JSON goes to ``gpu-<time>.json`` in ``--out`` (default
+``$NDP_RESULTS_DIR``, else ``./ndp-results``), with the device and versions.
 
 ``--smoke`` runs a tiny shard through the same code under Numba's CUDA simulator (set
 NUMBA_ENABLE_CUDASIM=1): figures from it mean nothing and are marked ``simulated``; the test
@@ -40,7 +41,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import RESULTS, machine, synthetic_shard  # noqa: E402
+from bench_cpu import machine, synthetic_shard  # noqa: E402
+from results_dir import add_out_argument  # noqa: E402
 
 from ndp.atomic import atomic_write  # noqa: E402
 from ndp.adapters.torch import to_torch  # noqa: E402
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=4096, help="packets per decode call")
     ap.add_argument("--width", type=int, default=4, choices=(2, 4), help="bytes per token")
     ap.add_argument("--ring", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    add_out_argument(ap)
     args = ap.parse_args(argv)
     if args.smoke:
         args.packets, args.seq, args.chunk = args.packets or 24, min(args.seq, 16), 8

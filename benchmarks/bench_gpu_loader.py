@@ -2,6 +2,7 @@
 
     python benchmarks/bench_gpu_loader.py            # on a machine with a CUDA GPU (~2 minutes)
     python benchmarks/bench_gpu_loader.py --smoke    # tiny, under NUMBA_ENABLE_CUDASIM=1
+    python benchmarks/bench_gpu_loader.py --out benchmarks/results   # adds to the project's record
 
 One corpus of NDP shard files (``--tokens`` int32 tokens in packets of ``--seq`` tokens, shards of
 64 MiB, page cache warm), batches of ``--batch`` x ``--seq`` tokens delivered as torch tensors on
@@ -21,8 +22,8 @@ synchronisation. Per pipeline: tokens/s, ``next()`` p50/p99, host CPU seconds pe
 tokens (the whole process: producer, ndp's threads, the consumer), and, for ndp, the decoder's
 launches, copies, host waits and DLPack exports per batch (``loader.counters``). Beside them:
 pinned host-to-device and device-to-device bandwidth measured in the same run. JSON into
-``benchmarks/results/gpu-loader-<time>.json`` (``sim-loader-*`` under the simulator, whose
-figures mean nothing).
+``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``): ``gpu-loader-<time>.json``
+(``sim-loader-*`` under the simulator, whose figures mean nothing).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import RESULTS, machine  # noqa: E402
+from bench_cpu import machine  # noqa: E402
+from results_dir import add_out_argument  # noqa: E402
 from bench_gpu import device_info, physical_limits  # noqa: E402
 
 from ndp.atomic import atomic_write  # noqa: E402
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="per pipeline")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run for the test suite (under NUMBA_ENABLE_CUDASIM=1)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    add_out_argument(ap)
     args = ap.parse_args(argv)
     if args.smoke:
         args.tokens, args.batch, args.seq, args.seconds = 4096, 2, 16, 0.2

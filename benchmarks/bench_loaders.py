@@ -3,6 +3,7 @@
     pip install -e ".[dev]"                        # or ".[tokenize,torch,bench]"
     python benchmarks/bench_loaders.py             # ~4 minutes on 2 cores (1B-token data set)
     python benchmarks/bench_loaders.py --quick     # small data, for a smoke run
+    python benchmarks/bench_loaders.py --out benchmarks/results   # adds to the project's record
 
 Data: the Python standard library's source, cut at line boundaries into documents of about
 3,000 characters, tokenized once with a byte-level BPE trained on it (offline, as ``ndp demo``
@@ -42,8 +43,8 @@ fastest-to-the-CPU peer's host CPU per token divided by ndp's CPU Loader's, for 
 windows, with their median. On this shared VM the speed of one pipeline differs by 2x between
 hours; a ratio taken within a round is what holds still.
 
-Writes a table to stdout, JSON to benchmarks/results/loaders-<time>.json and PNG figures beside
-it.
+Writes a table to stdout, JSON to ``loaders-<time>.json`` in ``--out`` (default
+``$NDP_RESULTS_DIR``, else ``./ndp-results``) and PNG figures beside it.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peers  # noqa: E402  (bench_cpu, which imports ndp, in main: MosaicML runs this file without)
 from loaders_report import figures, paired, summarize  # noqa: E402
+from results_dir import add_out_argument  # noqa: E402
 
 PIPELINES = ["ndp-cpu-padded", "ndp-cpu-packed", "jsonl-tokenize", "memmap-get-batch",
              "threaded-numpy", "hf-datasets"]
@@ -403,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small data, short runs")
     ap.add_argument("--smoke", action="store_true", help="tiny data, for the test suite")
-    ap.add_argument("--out", type=Path, default=None, help="default benchmarks/results")
+    add_out_argument(ap)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=None, help="time budget per pipeline")
@@ -428,9 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                       first_only=args.first_only)
         print(json.dumps(res))
         os._exit(0)  # daemon producer threads and memmaps: leave at once
-    from bench_cpu import RESULTS, machine
+    from bench_cpu import machine
 
-    args.out = args.out or RESULTS
     small = args.quick or args.smoke
     seconds = args.seconds or (0.5 if args.smoke else 2.0 if args.quick else 20.0)
     large = args.large_tokens or (

@@ -3,6 +3,7 @@
     pip install -e ".[dev]"                      # moto[server] and s3fs among them
     python benchmarks/bench_remote.py            # ~1 minute on 2 cores
     python benchmarks/bench_remote.py --quick    # a smaller dataset
+    python benchmarks/bench_remote.py --out benchmarks/results   # adds to the project's record
 
 A dataset of ramp packets (2-byte tokens, ``--shards`` shards of ``--shard-mb``) is written to
 local disk and uploaded to moto's S3 server, started as a process of its own on 127.0.0.1 (so
@@ -14,7 +15,7 @@ filled (``warm``: one GET of the manifest, nothing else). Each row: time to the 
 (opening included), tokens/s after it (and over the whole epoch with its start), host CPU
 seconds per 1e9 tokens over the epoch (this process: the loader's threads, the prefetch
 downloads), and the bytes the cache downloaded. JSON into
-``benchmarks/results/remote-<time>.json``.
+``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``): ``remote-<time>.json``.
 
 Loopback is not a network: a cold read here is bounded by moto (a Python server) and this
 machine's two cores, not by bandwidth; the cold row says what the cache and prefetch cost, not
@@ -37,7 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import RESULTS, machine  # noqa: E402
+from bench_cpu import machine  # noqa: E402
+from results_dir import add_out_argument  # noqa: E402
 
 B, T = 16, 1024
 
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a smaller dataset")
     ap.add_argument("--shards", type=int, default=None)
     ap.add_argument("--shard-mb", type=float, default=16.0)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    add_out_argument(ap)
     ap.add_argument("--read", nargs=3, help=argparse.SUPPRESS)  # DATA OPTIONS CACHE: one row
     args = ap.parse_args(argv)
     if args.read:

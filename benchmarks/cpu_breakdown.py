@@ -4,6 +4,7 @@
     python benchmarks/cpu_breakdown.py --data DIR    # an NDP dataset of your own
     python benchmarks/cpu_breakdown.py --resident    # shards read into memory once (resident=True)
     python benchmarks/cpu_breakdown.py --smoke       # tiny, for the test suite
+    python benchmarks/cpu_breakdown.py --out benchmarks/results   # adds to the project's record
 
 ``ndp.Loader`` (CPU backend, torch tensors out) runs for a time budget per mode and batch size
 after a warm-up, on one ndp thread (``ndp.threads.set_num_threads(1)``: a stage's work then all runs on
@@ -16,8 +17,8 @@ figure as CPU nanoseconds per delivered token (real tokens: padding excluded), s
 about ``process``.
 
 The corpus by default is ``bench_loaders.py``'s (the standard library's source, 9 M tokens,
-documents of about 3,000 characters, EOS after each). Writes
-``benchmarks/results/cpu-breakdown-<time>.json``.
+documents of about 3,000 characters, EOS after each). Writes ``cpu-breakdown-<time>.json``
+into ``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import RESULTS, machine  # noqa: E402
+from bench_cpu import machine  # noqa: E402
+from results_dir import add_out_argument  # noqa: E402
 
 STAGES = (("ndp.stage", "HostStager", "stage", "stage"),
           ("ndp.engine", "CpuEngine", "submit_verdicts", "verdicts"),
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resident", action="store_true",
                     help="the Loader's resident=True: every shard read into memory once")
     ap.add_argument("--smoke", action="store_true", help="tiny data and runs, for the tests")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    add_out_argument(ap)
     args = ap.parse_args(argv)
     from ndp.threads import set_num_threads
 

@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py            # on a machine with a CUDA GPU
     python benchmarks/gpu_check.py --list     # the steps, without running them
+    python benchmarks/gpu_check.py --out benchmarks/results   # adds to the project's record
 
 Steps, each in its own process with its own time limit, all of them whatever an earlier one did:
 
@@ -12,7 +13,7 @@ Steps, each in its own process with its own time limit, all of them whatever an 
 3. ``device-equality``: the CUDA-against-CPU tests (kernels, decoder, Loader chunks, accounting,
    held batches through CuPy's array interface), which run on the device when there is one;
 4. ``memcheck``: ``compute-sanitizer --tool memcheck`` over hostile input
-   (``tests/kernels/hostile_run.py``); the log is kept in ``benchmarks/results/``;
+   (``tests/kernels/hostile_run.py``); the log is kept in ``--out``;
 5. ``bench-gpu-loader``: ``benchmarks/bench_gpu_loader.py`` (the Loader on the GPU, issue 11's
    targets);
 6. ``bench-gpu``: ``benchmarks/bench_gpu.py --quick`` (the per-call decoder API);
@@ -20,8 +21,10 @@ Steps, each in its own process with its own time limit, all of them whatever an 
    (``--quick``: a small corpus, so it fits);
 8. ``train-ab``: ``benchmarks/train_ab.py`` with the model on the GPU.
 
-Every results file lands in ``benchmarks/results/``; the summary lists them, with one line per
-step. Exit status 0 only if every step passed. A test skipped on a GPU machine is a failure here.
+Every results file lands in ``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``;
+each benchmark step is given the same ``--out``), with the log of every step that failed; the
+summary lists them, with one line per step. Exit status 0 only if every step passed. A test
+skipped on a GPU machine is a failure here.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ import sys
 import time
 from pathlib import Path
 
+from results_dir import add_out_argument
+
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 PY = sys.executable
 DEVICE_TESTS = ["tests/kernels/test_cuda_kernels.py", "tests/test_gpu_decode.py",
                 "tests/test_chunks.py", "tests/test_counters.py", "tests/adapters/test_torch.py",
@@ -83,8 +87,10 @@ def preflight() -> list[str]:
     return problems
 
 
-def steps(sanitizer_path: str) -> list[tuple[str, list[str], int]]:
-    """(name, command, time limit in seconds) of every step after the preflight."""
+def steps(sanitizer_path: str, out: Path) -> list[tuple[str, list[str], int]]:
+    """(name, command, time limit in seconds) of every step after the preflight; the benchmarks
+    write into ``out`` (absolute: they run in the repository root)."""
+    to_out = ["--out", str(out)]
     return [
         ("gpu-tests", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "gpu",
                        "-k", "not memcheck", "tests/test_gpu_device.py"], 150),
@@ -92,12 +98,12 @@ def steps(sanitizer_path: str) -> list[tuple[str, list[str], int]]:
                              *DEVICE_TESTS], 150),
         ("memcheck", [sanitizer_path, "--tool", "memcheck", "--report-api-errors", "no",
                       "--error-exitcode", "9", PY, "tests/kernels/hostile_run.py"], 150),
-        ("bench-gpu-loader", [PY, "benchmarks/bench_gpu_loader.py", "--seconds", "3"], 120),
-        ("bench-gpu", [PY, "benchmarks/bench_gpu.py", "--quick"], 60),
+        ("bench-gpu-loader", [PY, "benchmarks/bench_gpu_loader.py", "--seconds", "3", *to_out], 120),
+        ("bench-gpu", [PY, "benchmarks/bench_gpu.py", "--quick", *to_out], 60),
         ("bench-loaders", [PY, "benchmarks/bench_loaders.py", "--quick", "--seconds", "3",
                            "--pipelines", "ndp-gpu-padded", "ndp-gpu-packed", "ndp-cpu-padded",
-                           "ndp-cpu-packed", "memmap-get-batch", "threaded-numpy"], 150),
-        ("train-ab", [PY, "benchmarks/train_ab.py", "--steps", "150"], 120),
+                           "ndp-cpu-packed", "memmap-get-batch", "threaded-numpy", *to_out], 150),
+        ("train-ab", [PY, "benchmarks/train_ab.py", "--steps", "150", *to_out], 120),
     ]
 
 
@@ -125,14 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=570.0,
                     help="seconds for the whole check (a device call allows 600); a step "
                          "left without time fails as not run")
+    add_out_argument(ap)
     args = ap.parse_args(argv)
+    results = args.out.absolute()  # the steps run in the repository root
     if args.list:
-        for name, cmd, limit in steps(sanitizer() or "compute-sanitizer"):
+        for name, cmd, limit in steps(sanitizer() or "compute-sanitizer", results):
             print(f"{name:18s} {limit:4d} s  {' '.join(cmd)}")
         return 0
     start = time.time()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    before = set(RESULTS.iterdir())
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     env = dict(os.environ)
     env.pop("NUMBA_ENABLE_CUDASIM", None)
@@ -142,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     summary.append(("preflight", not problems, time.time() - start,
                     "; ".join(problems) or "GPU, CuPy, torch, numpy, compute-sanitizer"))
     if problems:
-        _report(summary, [], start)
+        _report(summary, [], results, start)
         return 1
-    for name, cmd, limit in steps(sanitizer()):
+    results.mkdir(parents=True, exist_ok=True)
+    before = set(results.iterdir())
+    for name, cmd, limit in steps(sanitizer(), results):
         t = time.time()
         limit = int(min(limit, args.budget - (t - start)))
         if limit < 10:
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         ok, line = verdict(name, rc, out)
         if rc == 124:
             ok, line = False, f"timed out after {limit} s; {line}"
-        log = RESULTS / f"{'memcheck' if name == 'memcheck' else 'gpu-check-' + name}-{stamp}.log"
+        log = results / f"{'memcheck' if name == 'memcheck' else 'gpu-check-' + name}-{stamp}.log"
         if name == "memcheck" or not ok:
             from ndp.atomic import atomic_write
 
@@ -171,16 +179,17 @@ def main(argv: list[str] | None = None) -> int:
         summary.append((name, ok, time.time() - t, line))
         print(f"{'PASS' if ok else 'FAIL'}  {name:18s} {time.time() - t:6.1f} s  {line}",
               flush=True)
-    new = sorted(p.name for p in set(RESULTS.iterdir()) - before)
-    _report(summary, new, start)
+    new = sorted(p.name for p in set(results.iterdir()) - before)
+    _report(summary, new, results, start)
     return 0 if all(ok for _, ok, _, _ in summary) else 1
 
 
-def _report(summary: list[tuple[str, bool, float, str]], new: list[str], start: float) -> None:
+def _report(summary: list[tuple[str, bool, float, str]], new: list[str], results: Path,
+            start: float) -> None:
     print("\n=== ndp GPU check ===")
     for name, ok, seconds, line in summary:
         print(f"{'PASS' if ok else 'FAIL'}  {name:18s} {seconds:6.1f} s  {line[:150]}")
-    print(f"results files ({len(new)}): " + (", ".join(new) or "none"))
+    print(f"results files in {results} ({len(new)}): " + (", ".join(new) or "none"))
     print(f"total {time.time() - start:.0f} s; "
           f"{'all passed' if all(ok for _, ok, _, _ in summary) else 'FAILED'}")
 

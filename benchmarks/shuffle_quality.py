@@ -3,6 +3,7 @@ streaming's ``py1e`` and litdata's ``FullShuffle``, on the same documents, one r
 
     python benchmarks/shuffle_quality.py                 # 4 M documents of 2 KB (8 GB), ~1 min
     python benchmarks/shuffle_quality.py --smoke         # tiny, ndp only (the test suite)
+    python benchmarks/shuffle_quality.py --out benchmarks/results   # adds to the project's record
 
 No loader reads any data: each loader's order is a pure function of its shard sizes, seed and
 epoch, and this script computes it with the loader's own code. ndp's from ``ndp.order``; the
@@ -28,7 +29,8 @@ samples; litdata: ``item_shuffle_window`` 256). Figures, over two consecutive ep
 * ``mean_displacement``: mean |position in epoch 1 - position in corpus| / N (1/3 for a uniform
   shuffle, 0 without shuffling).
 
-Writes benchmarks/results/shuffle-<time>.json and prints a table.
+Writes ``shuffle-<time>.json`` into ``--out`` (default ``$NDP_RESULTS_DIR``, else
+``./ndp-results``) and prints a table.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+from results_dir import add_out_argument
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 PEERS = HERE / ".peers"
 WHEELS = {"mosaicml-streaming": "0.13.0", "litdata": "0.2.76"}
 MIB = 1 << 20
@@ -172,7 +174,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="the first seed")
     ap.add_argument("--seeds", type=int, default=5, help="figures averaged over this many")
     ap.add_argument("--smoke", action="store_true", help="tiny, ndp only, one seed")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    add_out_argument(ap)
     args = ap.parse_args()
     if args.smoke:
         args.docs, args.doc_bytes, args.seeds = 20_000, 64 << 10, 1

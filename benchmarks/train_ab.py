@@ -2,6 +2,7 @@
 
     python benchmarks/train_ab.py              # GPU if present (the intended run), else CPU
     python benchmarks/train_ab.py --quick      # a few steps, for a smoke run
+    python benchmarks/train_ab.py --out benchmarks/results   # adds to the project's record
 
 Both runs start from the same initial weights and see the same documents (the standard library
 corpus of ``bench_loaders.py``) in the same order, one document per row cut at T: ndp through
@@ -9,7 +10,7 @@ corpus of ``bench_loaders.py``) in the same order, one document per row cut at T
 ``Dataset`` that tokenizes on the fly with ``DataLoader(num_workers=2)``. Reported per run:
 step time, the fraction of it spent waiting for the next batch, and the loss at every step;
 the two loss curves must coincide (the same tokens go in). JSON and a PNG of both curves go to
-benchmarks/results/train-ab-<time>.*.
+``train-ab-<time>.*`` in ``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import RESULTS, machine  # noqa: E402
+from bench_cpu import machine  # noqa: E402
+from results_dir import add_out_argument  # noqa: E402
 from bench_loaders import documents  # noqa: E402
 
 
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    add_out_argument(ap)
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     steps = args.steps or (5 if args.quick else 150)

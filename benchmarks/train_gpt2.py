@@ -5,6 +5,7 @@ two runs see the very same tokens).
     python benchmarks/train_gpt2.py                     # on a GPU: ~6 minutes on an H100
     python benchmarks/train_gpt2.py --quick             # a tiny model, a few steps (CPU smoke)
     python benchmarks/train_gpt2.py --feeds ndp-cpu-packed torchdata-0w
+    python benchmarks/train_gpt2.py --out benchmarks/results   # adds to the project's record
 
 On the lent device machine, which reaches no package index, the peers' environments cannot be
 built: carry the peers' wheels (torchdata, litdata and theirs) and install them first, or run
@@ -21,7 +22,8 @@ the two fastest peers of ``bench_loaders.py`` (torchdata's ``StatefulDataLoader`
 Each feed reads its own order of the windows, so loss curves differ; the step times are what is
 compared. After ``--warmup`` steps (compilation), ``--steps`` are timed: step time mean / p50 /
 p99, time waiting for the next batch, tokens/s, host CPU seconds per 1e9 tokens (the process
-and its children). JSON into ``benchmarks/results/train-gpt2-<time>.json``.
+and its children). JSON into ``--out`` (default ``$NDP_RESULTS_DIR``, else
+``./ndp-results``): ``train-gpt2-<time>.json``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results_dir import add_out_argument  # noqa: E402
 
 #: GPT-2 small, and the tiny model of --quick
 MODELS = {"gpt2-small": dict(d=768, layers=12, heads=12, vocab=50304),
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"and ndp-gpu-packed first on a GPU)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=None)
+    add_out_argument(ap)
     ap.add_argument("--run-one", help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--cfg", help=argparse.SUPPRESS)
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(0)  # daemon producer threads: leave at once
     import bench_loaders
     import peers
-    from bench_cpu import RESULTS, machine
+    from bench_cpu import machine
     from ndp.backend import cuda_unavailable_reason, simulated
 
     has_gpu = cuda_unavailable_reason() is None and not simulated()
@@ -193,9 +197,8 @@ def main(argv: list[str] | None = None) -> int:
               "model": MODELS[cfg["model"]], "rows": rows}
     from ndp.atomic import atomic_write
 
-    out = args.out or RESULTS
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"train-gpt2-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"train-gpt2-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     atomic_write(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
     return 0

@@ -167,11 +167,13 @@ def test_gpu_check_lists_its_steps_and_fails_loudly_without_a_gpu(tmp_path):
     # under the simulator (as on a machine without a GPU) the preflight fails, saying why, and
     # nothing else runs
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env.pop("NDP_RESULTS_DIR", None)
     proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py")], capture_output=True,
-                          text=True, env=env, timeout=120)
+                          text=True, env=env, timeout=120, cwd=tmp_path)
     assert proc.returncode == 1
     assert "FAIL  preflight" in proc.stdout and "NUMBA_ENABLE_CUDASIM=1 is set" in proc.stdout
     assert "gpu-tests" not in proc.stdout and "FAILED" in proc.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing ran, so no results folder either
 
 
 def test_gpu_check_counts_a_skip_or_a_dirty_memcheck_as_a_failure():
@@ -214,6 +216,79 @@ def test_shuffle_quality_smoke_run_tells_a_shuffle_from_a_rotation(tmp_path):
     ndp, rotation = rows["ndp, window 1 GiB (default)"], rows["ndp before (rotation)"]
     assert ndp["adjacent_kept"] < 0.01 < 0.9 < rotation["adjacent_kept"]
     assert abs(ndp["mean_displacement"] - 1 / 3) < 0.05
+
+
+
+@pytest.mark.parametrize("env_dir", [False, True], ids=["cwd", "NDP_RESULTS_DIR"])
+def test_a_run_adds_to_the_project_record_only_when_asked(tmp_path, env_dir):
+    """A user's run without ``--out`` leaves ``benchmarks/results/`` (the project's record, which
+    the README and the saved benchmark notebook show) as it was: it writes to
+    ``$NDP_RESULTS_DIR``, else ``ndp-results/`` in the working directory."""
+    tmp_path = tmp_path.resolve()  # as the script's working directory reads it
+    record = BENCH / "results"
+    before = set(record.iterdir())
+    env = {k: v for k, v in os.environ.items() if k != "NDP_RESULTS_DIR"}
+    if env_dir:
+        env["NDP_RESULTS_DIR"] = str(tmp_path / "mine")
+    try:
+        proc = subprocess.run([sys.executable, str(BENCH / "shuffle_quality.py"), "--smoke"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        added = sorted(p.name for p in set(record.iterdir()) - before)
+    finally:
+        for path in set(record.iterdir()) - before:  # a failing run's file: not the record's
+            path.unlink()
+    assert proc.returncode == 0, proc.stderr
+    assert added == []
+    (path,) = (tmp_path / ("mine" if env_dir else "ndp-results")).glob("shuffle-*-smoke.json")
+    assert f"wrote {path}" in proc.stdout
+
+
+def test_every_script_that_writes_results_takes_out_with_the_shared_default():
+    """``accounting.py`` and ``gpu_check.py`` included: no script writes into the project's
+    record by default, and every one reads its default folder from the one helper."""
+    writers = [p for p in sorted(BENCH.glob("*.py"))
+               if 'print(f"wrote' in p.read_text() or p.name == "gpu_check.py"]  # its logs
+    assert {"accounting.py", "bench_cpu.py", "train_ab.py"} <= {p.name for p in writers}
+    for path in writers:
+        text = path.read_text()
+        assert "add_out_argument(" in text, f"{path.name} has no --out with the shared default"
+        assert "default=RESULTS" not in text and "or RESULTS" not in text, path.name
+
+
+def test_gpu_check_passes_its_out_folder_to_the_benchmarks_it_runs():
+    import importlib
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        check = importlib.import_module("gpu_check")
+    finally:
+        sys.path.remove(str(BENCH))
+    out = Path("/somewhere/results")
+    for name, cmd, _ in check.steps("compute-sanitizer", out):
+        if any(Path(word).name.startswith(("bench_", "train_")) for word in cmd):
+            assert cmd[cmd.index("--out") + 1] == str(out), name
+
+
+def test_gpu_check_keeps_its_logs_in_its_out_folder_and_lists_the_new_files(tmp_path,
+                                                                            monkeypatch, capsys):
+    import importlib
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        check = importlib.import_module("gpu_check")
+    finally:
+        sys.path.remove(str(BENCH))
+    wrote = f"from pathlib import Path; Path({str(tmp_path / 'bench-1.json')!r}).touch(); " \
+            f"print('wrote bench-1.json')"
+    monkeypatch.setattr(check, "preflight", lambda: [])
+    monkeypatch.setattr(check, "steps", lambda sanitizer, out: [
+        ("bench-gpu", [sys.executable, "-c", wrote], 30),
+        ("train-ab", [sys.executable, "-c", "raise SystemExit(3)"], 30)])
+    assert check.main(["--out", str(tmp_path)]) == 1
+    (log,) = tmp_path.glob("gpu-check-train-ab-*.log")
+    summary = capsys.readouterr().out
+    assert "PASS  bench-gpu" in summary and "FAIL  train-ab" in summary
+    assert f"results files in {tmp_path} (2): bench-1.json, {log.name}" in summary
 
 
 def test_remote_benchmark_smoke_run_reads_the_same_tokens_three_ways(tmp_path):

@@ -1,5 +1,6 @@
 """The notebooks in ``notebooks/`` run top to bottom (CPU only, offline) and are committed with
-their outputs (``python notebooks/execute.py``), so they can be read without running them.
+their outputs (``python notebooks/execute.py --in-place``), so they can be read without running
+them.
 
 Each notebook is executed by ``nbclient`` in a fresh ``python3`` kernel whose working directory is
 ``notebooks/``, as a reader's Jupyter would run it; any cell error fails the test with the
@@ -7,8 +8,9 @@ cell's traceback. The notebooks write only into temporary directories. ``benchma
 also run against a results directory of its own (``NDP_RESULTS_DIR``): one holding every kind of
 results file the notebook knows, plus files it must refuse, and an empty one, since the
 repository's own ``benchmarks/results/`` holds only some kinds. The saved benchmark notebook
-must list every committed results file (re-run ``notebooks/execute.py`` after adding one), and a
-copy of a notebook outside the repository still finds its data or says where it is.
+must list every committed results file (re-run ``notebooks/execute.py --in-place`` after adding
+one), and a copy of a notebook outside the repository still finds its data or says where it is.
+``notebooks/execute.py`` itself rewrites a notebook only when told to.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def test_notebook_is_committed_with_the_outputs_of_one_clean_run(name):
     counts = [cell["execution_count"] for cell in code]
     assert counts == list(range(1, len(code) + 1)), (
         f"{name}: saved from a partial or out-of-order run ({counts}); run "
-        f"python notebooks/execute.py {name}")
+        f"python notebooks/execute.py --in-place {name}")
     assert not [o for o in outputs(nb) if o.output_type == "error"], f"{name} saved an error"
     assert text_of(nb), f"{name} was saved without outputs"
     assert any(cell["cell_type"] == "markdown" for cell in raw["cells"])
@@ -80,7 +82,7 @@ def test_the_saved_benchmark_notebook_shows_every_committed_result():
     results = NOTEBOOKS_DIR.parent / "benchmarks" / "results"
     missing = [p.name for p in sorted(results.glob("*.json")) if p.name not in text]
     assert not missing, (f"benchmark.ipynb was saved before {missing} were committed: run "
-                         f"python notebooks/execute.py benchmark.ipynb")
+                         f"python notebooks/execute.py --in-place benchmark.ipynb")
     assert images(nb) >= 3  # the charts are in the file, readable without running it
 
 
@@ -198,6 +200,38 @@ def test_benchmark_notebook_with_no_results(tmp_path, monkeypatch):
     assert "0 JSON file(s) (the directory does not exist)" in text
     assert text.count(": skipped.") == 6 and "kinds with results: none" in text
     assert images(nb) == 0
+
+
+def test_execute_leaves_the_committed_notebook_alone_unless_told(tmp_path):
+    """``notebooks/execute.py`` writes executed copies to ``$NDP_RESULTS_DIR/notebooks``, else
+    ``ndp-results/notebooks/`` in the working directory; only ``--in-place`` (what maintainers
+    run after committing results) rewrites the notebook itself."""
+    import os
+    import subprocess
+    import sys
+
+    tmp_path = tmp_path.resolve()  # as the script's working directory reads it
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    committed = tmp_path / "tiny.ipynb"
+    nbformat.write(nb, committed)
+    saved = committed.read_bytes()
+    env = {k: v for k, v in os.environ.items() if k != "NDP_RESULTS_DIR"}
+    script = str(NOTEBOOKS_DIR / "execute.py")
+
+    def run(*args):
+        proc = subprocess.run([sys.executable, script, *args, str(committed)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    out = run()
+    assert committed.read_bytes() == saved
+    copy = tmp_path / "ndp-results" / "notebooks" / "tiny.ipynb"
+    assert str(copy) in out and "42" in text_of(nbformat.read(copy, as_version=4))
+    run("--in-place")
+    assert "42" in text_of(nbformat.read(committed, as_version=4))
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
