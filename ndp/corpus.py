@@ -16,9 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from ndp.errors import ConfigError
-from ndp.format import FRAME_BYTES, MASK_COUNT_BYTES, SHARD_SUFFIX, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
-from ndp.index import Corruption, check_headers, load_index_and_scan
+from ndp.errors import ConfigError, DataError, ShardFormatError
+from ndp.format import (
+    FRAME_BYTES,
+    MASK_COUNT_BYTES,
+    SHARD_SUFFIX,
+    SYNC,
+    TYP_MASKED_TABLE,
+    TYP_WIDTH_TABLE,
+)
+from ndp.index import Corruption, Index, check_headers, load_index_and_scan
 from ndp.manifest import ManifestError, entries_by_name, listed_shards
 from ndp.remote import RemoteDataset, RemoteShard, is_url
 from ndp.shard import Shard
@@ -74,6 +81,40 @@ def listed(paths: PathLike | Sequence[PathLike], *, manifest: str = "check",
     return out, manifests
 
 
+#: bytes of a file that is no shard quoted in the error, to show what it is (JSONL, CSV, ...)
+_PREVIEW = 16
+
+
+def no_data(shard: Shard, index: Index) -> tuple[str, str] | None:
+    """Why ``shard`` holds nothing a reader can use, and what to do; None if it holds packets
+    (damaged ones too: they are dropped and counted as they are decoded) or is a shard header
+    alone (empty, not damaged).
+
+    A file with no NDP shard header whose first bytes are no packet is not a shard (a JSONL, a
+    CSV renamed), even where a scan finds a "packet" further on: text can hold a 0xAA byte
+    followed by a matching CRC-16 by chance (about 1 in 65,536 per 0xAA byte, which UTF-8 has
+    plenty of). A shard whose bytes after its header hold no valid packet is all damage. Reads
+    nothing for a file that starts with a header or a packet (every shard a converter writes)."""
+    head = shard.header
+    has_magic = head.version is not None or head.problem is not None
+    first = int(index.entries["offset"][0]) if len(index) else -1
+    if not has_magic and first != 0:
+        begins = bytes(shard.read(0, min(_PREVIEW, shard.size))) if shard.size else b""
+        if not begins or begins[0] != SYNC:  # else a headerless stream, damaged at its start
+            what = "an empty file" if not begins else (
+                f"no shard header, and its first bytes ({begins!r}...) are no packet")
+            return (f"{shard.path}: not an NDP shard: {what}",
+                    f"ndp reads the shards 'ndp convert' writes: convert it with 'ndp convert "
+                    f"{shard.path} OUT_DIR --tokenizer NAME' and read OUT_DIR")
+    if len(index) == 0 and (shard.size > head.data_offset or head.problem):
+        header = f"; {head.problem}" if head.problem else ""
+        return (f"{shard.path}: holds no valid packet ({shard.size:,} bytes{header}): all of it "
+                f"is damaged, and a shard with no packet is no dataset",
+                f"'ndp verify {shard.path}' shows the damage; restore the shard, or convert its "
+                f"source again with 'ndp convert'")
+    return None
+
+
 def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
     """Token count of each packet with payload ``length`` and TYP ``typ``, as a valid packet of
     that layout holds (0 for TYPs that carry no tokens)."""
@@ -105,7 +146,10 @@ class Corpus:
     A directory must be a whole dataset by its manifest ``ndp.json`` (``ndp.manifest``: a
     ``ManifestError`` otherwise) unless ``manifest`` is "ignore"; a shard whose crc32 or
     packet count differs from its manifest entry was damaged after it was written: a warning,
-    and its damaged packets are dropped and counted as they are decoded.
+    and its damaged packets are dropped and counted as they are decoded. A file that is not an
+    NDP shard (a JSONL, a CSV renamed), a shard with no valid packet, and data with no packet
+    at all are refused (``no_data``: a ``ShardFormatError``, a ``DataError``), since a reader
+    would deliver nothing from them; ``manifest="ignore"`` reads them as they are, warned.
     """
 
     def __init__(self, paths: PathLike | Sequence[PathLike] | Mapping[str, Any], *,
@@ -150,6 +194,7 @@ class Corpus:
             self.indexes.append(index)
             if scan is not None:
                 self.corruption.extend((shard.path, c) for c in scan.corrupt)
+            _refuse(no_data(shard, index), manifest)
             shard.close()  # a rebuild scanned its mapping: read on with pread, files closed
         for path, (_, entry), index in zip(self.paths, pairs, self.indexes):
             if entry is not None and (index.shard_crc32 != entry["crc32"]
@@ -163,6 +208,10 @@ class Corpus:
         sizes = np.array([len(i) for i in self.indexes], np.int64)
         self.base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.n_packets = int(self.base[-1])
+        if not self.n_packets:  # shards of a header alone
+            more = f" and {len(self.paths) - 1} more" if len(self.paths) > 1 else ""
+            _refuse((f"{self.paths[0]}{more}: no packet in the data: nothing to read",
+                     "convert data into it with 'ndp convert'"), manifest, DataError)
         entries = [i.entries for i in self.indexes]
         self.offsets = np.concatenate([e["offset"].astype(np.int64) for e in entries]) \
             if entries else np.zeros(0, np.int64)
@@ -252,3 +301,16 @@ class Corpus:
 
     def __repr__(self) -> str:
         return f"Corpus({len(self.shards)} shards, {self.n_packets} packets)"
+
+
+def _refuse(problem: tuple[str, str] | None, manifest: str, error: type = ShardFormatError
+            ) -> None:
+    """Raise ``error`` for ``problem`` (what, and what to do), from ``no_data``; with
+    ``manifest="ignore"`` (shards read as they are, on purpose) warn instead."""
+    if problem is None:
+        return
+    what, hint = problem
+    if manifest != "ignore":
+        raise error(f"{what}. {hint} (or pass `manifest='ignore'` to read such files as they "
+                    f"are, on purpose)")
+    warnings.warn(f"{what}; read as it is (`manifest='ignore'`)", stacklevel=4)

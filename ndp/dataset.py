@@ -20,6 +20,39 @@ rows are the same, bit for bit): a single packet gains nothing from ndp's thread
 
 ``set_epoch`` writes the epoch into shared memory, so workers of
 ``DataLoader(persistent_workers=True)``, started before it, draw the new epoch's CRC-Drop too.
+
+Ranks. Every rank opens the whole dataset; a sampler gives each its share of the indices:
+``torch.utils.data.DistributedSampler(ds, num_replicas=world_size, rank=rank, seed=s)`` takes
+every ``world_size``-th index of a permutation seeded by ``s`` and its ``set_epoch``, the same
+on every rank, so the shares are disjoint. With ``drop_last=False`` (its default) it repeats up
+to ``world_size - 1`` indices so that every rank gets ``ceil(len(ds) / world_size)`` items;
+``drop_last=True`` leaves as many out instead. It reads ``len(ds)`` when it is made: with
+``crc_drop_rate > 0``, ``len(ds)`` changes with the epoch, so make the sampler (and its
+DataLoader) after ``ds.set_epoch(epoch)``, each epoch.
+
+Resume mid-epoch: torchdata's ``StatefulDataLoader`` (torchdata is no dependency of ndp; 0.9
+or newer has ``StatefulDistributedSampler``) resumes an NDPDataset as it is. Item ``i`` is a
+function of the shards, ``seed``, ``crc_drop_rate``, ``max_seq_length``, ``pad_token_id`` and
+the epoch, not of which items were read before, so the loader's state is its sampler's place: its
+``RandomSampler`` (``shuffle=True``) and ``StatefulDistributedSampler`` save it, any other
+sampler is fast-forwarded past the batches already yielded. The epoch is the caller's: save it
+beside ``dl.state_dict()`` and call ``ds.set_epoch(epoch)`` before making the sampler and
+``dl.load_state_dict(state)``. NDPDataset has no ``state_dict`` of its own on purpose:
+StatefulDataLoader restores a dataset's state as it starts iterating (inside each worker when
+it has workers), after the sampler was made from ``len(ds)``: too late for the epoch.
+
+    ds = NDPDataset("data/", max_seq_length=2048, crc_drop_rate=0.05, seed=0)
+    for epoch in range(start_epoch, n_epochs):  # start_epoch, saved: from the checkpoint
+        ds.set_epoch(epoch)
+        sampler = StatefulDistributedSampler(ds, num_replicas=world_size, rank=rank, seed=0)
+        sampler.set_epoch(epoch)
+        dl = StatefulDataLoader(ds, batch_size=8, sampler=sampler, num_workers=4)
+        if saved is not None:  # resuming inside this epoch
+            dl.load_state_dict(saved)
+            saved = None
+        for batch in dl:
+            ...
+            checkpoint = {"epoch": epoch, "data": dl.state_dict()}  # with the model's
 """
 
 from __future__ import annotations
@@ -71,7 +104,10 @@ class NDPDataset:
     A directory must be the whole dataset its manifest ``ndp.json`` lists unless ``manifest``
     is "ignore" (``ndp.manifest``). ``vocab_size`` (else the manifest's, else 2**31): token ids
     must be below it. A URL is read through the shard cache (``ndp.remote``), every shard
-    fetched when the dataset is made: ``cache_limit`` must hold the whole dataset.
+    fetched when the dataset is made: ``cache_limit`` must hold the whole dataset. A file that
+    is not an NDP shard, or holds no valid packet, is refused (``ndp.corpus.no_data``) unless
+    ``manifest`` is "ignore". Ranks (a ``DistributedSampler``) and resuming mid-epoch (torchdata's
+    ``StatefulDataLoader``, the epoch set first): see this module's docstring.
     """
 
     def __init__(
@@ -101,6 +137,7 @@ class NDPDataset:
         self.crc_drop_rate = float(crc_drop_rate)
         self.seed = int(seed)
         self.on_stale = on_stale
+        self._manifest = manifest  # "ignore" reads files that hold no packet: so must a worker
         self._corpus: Corpus | None = Corpus(
             path, on_stale=on_stale, verify="full", manifest=manifest,
             storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
@@ -154,7 +191,8 @@ class NDPDataset:
     def corpus(self) -> Corpus:
         """The opened shards (reopened lazily after unpickling, e.g. in a DataLoader worker)."""
         if self._corpus is None:
-            corpus = Corpus(self._paths, on_stale=self.on_stale, verify="size")  # checked at build
+            corpus = Corpus(self._paths, on_stale=self.on_stale, verify="size",  # checked at build
+                            manifest=self._manifest)
             if corpus.n_packets != self._n_packets:
                 raise IndexMismatchError(
                     f"shards now hold {corpus.n_packets} packets, {self._n_packets} when the "

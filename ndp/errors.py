@@ -12,7 +12,8 @@ class PacketError(NDPError, ValueError):
 
 
 class ShardFormatError(NDPError):
-    """A shard's header is damaged or the file is not an NDP shard."""
+    """A shard's header is damaged, the file is not an NDP shard, or it holds no valid
+    packet."""
 
 
 class UnsupportedVersionError(ShardFormatError):

@@ -12,7 +12,9 @@ Modes:
   this rank's order, one row each, padded to ``seq_len``: ``input_ids``, ``labels`` (-100 at
   padding and masked prompt tokens), ``attention_mask``. A corrupt packet makes its batch one row
   shorter (counted in ``stats``) instead of pulling a packet forward from the next batch, so every
-  batch depends only on its place in the order: resume and rank splits stay exact.
+  batch depends only on its place in the order: resume and rank splits stay exact. A row keeps
+  a longer packet's first ``seq_len`` tokens: the cut is counted per epoch from the index and
+  warned, once per epoch, past 1% of its tokens (``ndp.truncation``).
 * ``packed`` (pretraining): the valid tokens of this rank's packets, in order, form one stream;
   each batch is ``batch_size`` windows of ``seq_len + 1`` tokens split into ``x`` and ``y``
   (llm.c layout; ``y`` is -100 where a token's loss-mask bit is 0). Windows run across packet and
@@ -41,10 +43,11 @@ vocabulary size (``TOKEN_RANGE``): ``vocab_size=``, else the one the dataset's m
 else 2**31 (an int32 id with its top bit set).
 
 A directory is read only as the whole dataset its manifest ``ndp.json`` lists (``ndp.manifest``:
-a conversion killed half way leaves none, and is refused); ``manifest="ignore"`` reads a
-directory of shards without one on purpose. A URL (``s3://bucket/prefix/``, any fsspec URL;
-``storage_options``) is read through a local cache (``cache_dir``, ``cache_limit``) shared by
-the ranks of a node, the shards fetched ahead of need (``ndp.remote``).
+a conversion killed half way leaves none, and is refused), and a file that is no NDP shard (a
+JSONL) or holds no valid packet is refused (``ndp.corpus.no_data``): it would give 0 batches.
+``manifest="ignore"`` reads either as it is, on purpose. A URL (``s3://bucket/prefix/``, any
+fsspec URL; ``storage_options``) is read through a local cache (``cache_dir``, ``cache_limit``)
+shared by the ranks of a node, the shards fetched ahead of need (``ndp.remote``).
 
 Indexes are matched to their shards by size (``verify="size"``), not by reading every shard to
 compare its crc32 (``verify="full"``): time to the first batch does not grow with the data set,
@@ -77,7 +80,6 @@ What the decoder did is counted in ``loader.counters`` (``ndp.counters``).
 from __future__ import annotations
 
 import atexit
-import numbers
 import os
 import queue
 import threading
@@ -92,7 +94,8 @@ from ndp.corpus import Corpus
 from ndp.elastic import from_record, from_states
 from ndp.engine import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
-from ndp.errors import ConfigError, LoaderUsageError
+from ndp.errors import LoaderUsageError
+from ndp.loader_options import MODES, check_options  # noqa: F401 - MODES: ndp.loader.MODES
 from ndp.order import ORDER, WINDOW_BYTES, check_window, drop_mask, rank_and_world
 from ndp.plan import Plan
 from ndp.prefetch import check_cache_limit
@@ -101,8 +104,8 @@ from ndp.progress import progress_bar
 from ndp.serve import Ring
 from ndp.state import check_state, seal
 from ndp.stats import LoaderStats
+from ndp.truncation import CutReport
 
-MODES = ("padded", "packed", "packing")
 #: 2: with the dataset's fingerprint; 3: with the batch number in the epoch; 4: with the order
 STATE_VERSION = 4
 #: tokens per chunk by default: a GPU amortises its per-call cost over 64 batches of 64 x 1,024
@@ -162,29 +165,9 @@ class Loader:
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | None = None,
     ) -> None:
-        if mode not in MODES:
-            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-        for name, value, least in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1),
-                                   ("prefetch", prefetch, 0), ("seed", seed, 0),
-                                   ("pad_token_id", pad_token_id, None),
-                                   ("chunk_batches", chunk_batches, 1),
-                                   ("vocab_size", vocab_size, 1)):
-            if value is None and name in ("chunk_batches", "vocab_size"):
-                continue
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-                raise ConfigError(f"{name} must be an integer, got {value!r}")
-            if least is not None and value < least:
-                raise ConfigError(f"{name} must be >= {least}, got {value}")
-        if output not in ("torch", "arrays"):
-            raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
-        if output == "torch":
-            try:
-                import torch  # noqa: F401 - the consumer needs it anyway; say so now
-            except ImportError:
-                raise ConfigError(
-                    "output='torch' (the default) needs torch, which is not installed: "
-                    "pip install \"neural-datagram[torch]\", or pass output='arrays' for NumPy (CPU) or "
-                    "Numba device arrays (GPU)") from None
+        check_options(mode=mode, batch_size=batch_size, seq_len=seq_len, prefetch=prefetch,
+                      seed=seed, pad_token_id=pad_token_id, chunk_batches=chunk_batches,
+                      vocab_size=vocab_size, output=output)
         drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
         self.backend = resolve_backend(backend)
         self.corpus = data if isinstance(data, Corpus) else Corpus(
@@ -231,6 +214,7 @@ class Loader:
             corrupt_regions=len(self.corpus.corruption),
             corrupt_bytes=sum(c.length for _, c in self.corpus.corruption),
         )
+        self._cut = CutReport(self.plan, self.stats)  # padded rows cut: counted, warned
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._queue: queue.Queue | None = None
@@ -289,11 +273,22 @@ class Loader:
         return self._state["epoch"]
 
     def __len__(self) -> int:
-        """Batches this rank delivers in the current epoch (the one the next loop continues or
-        starts), exact before the epoch is read: every rank delivers as many, whatever is
-        corrupt (``ndp.plan``). After a resume mid-epoch the next loop delivers
-        ``len(loader) - state_dict()["batch"]`` of them. With mixing it may differ by epoch."""
+        """Batches this rank delivers in the whole current epoch (the one the next loop
+        continues or starts), exact before the epoch is read: every rank delivers as many,
+        whatever is corrupt (``ndp.plan``). It stays the whole epoch after a resume mid-epoch
+        (LR schedules count on it): ``remaining`` is what the next loop yields.
+
+        With ``mix=`` it may differ from epoch to epoch. An int ``mix_size`` fixes it in
+        ``padded`` mode only: it fixes an epoch's packets, ``batch_size`` to a padded batch;
+        ``packed`` and ``packing`` batches follow the tokens of each epoch's packets."""
         return self.plan.share(self.epoch).batches
+
+    @property
+    def remaining(self) -> int:
+        """Batches this rank still delivers in the current epoch: ``len(loader)`` at an
+        epoch's start, the rest after ``load_state_dict`` of a state saved mid-epoch, one less
+        per batch a loop takes."""
+        return len(self) - self._state["batch"]
 
     # ----------------------------------------------------------------------------- iterate
     def __iter__(self) -> Iterator[dict]:
@@ -301,6 +296,7 @@ class Loader:
 
         The producer thread outlives the epoch (it is already decoding the next one); leaving
         the loop early, ``close()``, ``load_state_dict`` or dropping the loader stops it."""
+        self._cut.start(self.epoch)  # before the epoch's first batch and its producer, once
         token = object()
         with self._lock:
             if self._active is not None:

@@ -19,7 +19,11 @@ class LoaderStats:
     corrupt: dict[str, int] = field(default_factory=dict)  # DropReason name -> count
     dropped_on_purpose: int = 0  # CRC-Drop
     tokens: int = 0  # tokens delivered (x tokens in packed mode)
-    truncated_tokens: int = 0  # padded rows cut at seq_len
+    truncated_tokens: int = 0  # padded and packing rows cut at seq_len (from the packets)
+    #: padded mode, the epoch a loop last started (``ndp.truncation``): the tokens its packets
+    #: hold by the index, and how many of them its rows cut at seq_len (warned past 1%)
+    epoch_tokens: int = 0
+    epoch_truncated_tokens: int = 0
     unused_tokens: int = 0  # packed: stream tokens left at epoch ends
     #: several ranks: packets left out so that every rank delivers as many batches, and
     #: packets delivered twice (packed mode, a rank left short by corrupt packets)
@@ -58,7 +62,9 @@ class LoaderStats:
             "batches": self.batches, "packets": self.packets, "valid": self.valid,
             "corrupt": dict(self.corrupt), "dropped_on_purpose": self.dropped_on_purpose,
             "tokens": self.tokens, "truncated_tokens": self.truncated_tokens,
-            "unused_tokens": self.unused_tokens, "rank_balance": self.rank_balance,
+            "unused_tokens": self.unused_tokens, "epoch_tokens": self.epoch_tokens,
+            "epoch_truncated_tokens": self.epoch_truncated_tokens,
+            "rank_balance": self.rank_balance,
             "repeated": self.repeated, "wait_seconds": round(self.wait_seconds, 6),
             "corrupt_regions": self.corrupt_regions, "corrupt_bytes": self.corrupt_bytes,
             "sources": dict(self.sources), "mix_unused": dict(self.mix_unused),

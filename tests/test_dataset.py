@@ -18,7 +18,7 @@ import pytest
 from ndp.corpus import Corpus
 from ndp.dataset import NDPDataset, QubGPUDataset
 from ndp.decode import decode_padded
-from ndp.errors import ConfigError, IndexMismatchError
+from ndp.errors import ConfigError, IndexMismatchError, ShardFormatError
 from ndp.format import Typ
 from ndp.packet import encode_packet, encode_tokens
 
@@ -258,6 +258,52 @@ def test_persistent_workers_follow_set_epoch(drop_dir, context):
     assert loader._iterator is not None  # the same workers served every epoch
 
 
+class _FastForward:
+    """A batch sampler past its first ``skip`` batches: how torchdata's StatefulDataLoader
+    resumes a map-style dataset that has no ``state_dict`` (NDPDataset) under a sampler that
+    has none either (``itertools.islice(index_sampler, yielded, None)``); with its own
+    ``StatefulDistributedSampler`` it restores the sampler's count instead, to the same
+    effect."""
+
+    def __init__(self, batches, skip: int) -> None:
+        self.batches, self.skip = batches, skip
+
+    def __iter__(self):
+        import itertools
+
+        return itertools.islice(iter(self.batches), self.skip, None)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_resume_as_stateful_dataloader_makes_it_continues_the_epoch(drop_dir, rank):
+    """A new process (a pickled dataset, as a spawned worker gets it) that sets the epoch
+    before resuming, as NDPDataset's docstring says, delivers the rest of an uninterrupted
+    run's epoch on each rank of a DistributedSampler; without the epoch it would not."""
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+    kw = dict(max_seq_length=4, crc_drop_rate=0.25, seed=3)
+
+    def batches(ds, epoch: int, skip: int = 0) -> list[np.ndarray]:
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=7)
+        sampler.set_epoch(epoch)
+        plan = _FastForward(BatchSampler(sampler, batch_size=16, drop_last=False), skip)
+        return [b["input_ids"].numpy() for b in DataLoader(ds, batch_sampler=plan)]
+
+    ds = NDPDataset(drop_dir, **kw)
+    ds.set_epoch(2)
+    full = batches(ds, 2)
+    assert len(full) > 20
+    for skip in (1, 7, len(full) - 1):
+        resumed = pickle.loads(pickle.dumps(NDPDataset(drop_dir, **kw)))  # epoch 0
+        resumed.set_epoch(2)  # the caller's, before the DataLoader resumes
+        rest = batches(resumed, 2, skip)
+        assert len(rest) == len(full) - skip
+        for got, want in zip(rest, full[skip:]):
+            np.testing.assert_array_equal(got, want)
+    stale = batches(NDPDataset(drop_dir, **kw), 2, 7)  # the epoch left at 0: other items
+    assert not all(np.array_equal(a, b) for a, b in zip(stale, full[7:]))
+
+
 def test_a_pickled_copy_keeps_its_epoch_apart(drop_dir):
     import pickle
 
@@ -313,6 +359,24 @@ def test_missing_path(tmp_path):
         NDPDataset(tmp_path / "nothing-here")
     with pytest.raises(ConfigError):
         NDPDataset(tmp_path)  # a directory without shards
+
+
+def test_a_file_that_is_not_a_shard_is_refused(tmp_path):
+    """A JSONL given as a dataset made a dataset of 0 items (a DataLoader of nothing); it is
+    refused, by name, unless read as it is on purpose (manifest="ignore"), and then a pickled
+    copy (a DataLoader worker's) reopens it as its maker did."""
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(b'{"text": "hello world"}\n{"text": "more text"}\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its missing index is reported first
+        with pytest.raises(ShardFormatError, match=r"train.jsonl: not an NDP shard.*ndp convert"):
+            NDPDataset(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = NDPDataset(path, manifest="ignore")
+        copy = pickle.loads(pickle.dumps(ds))
+        assert len(ds) == len(copy) == 0 and copy.corpus.n_packets == 0
+    assert any("manifest='ignore'" in str(w.message) for w in caught)
 
 
 def test_module_does_not_import_torch():

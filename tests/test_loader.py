@@ -206,6 +206,32 @@ def test_resume_after_repeated_resumes(corpus_dir):
     assert_same(got, full)
 
 
+@pytest.mark.parametrize("mode", ["padded", "packed"])
+def test_remaining_is_what_the_next_loop_yields_and_len_stays_the_epoch(corpus_dir, mode):
+    """``len`` is the whole epoch (LR schedules count on it), also after a resume mid-epoch;
+    ``remaining`` is what the loop still yields: ``len`` at an epoch's start, the rest after
+    ``load_state_dict``, one less per batch taken."""
+    kw = dict(mode=mode, seed=5, batch_size=3, seq_len=6, crc_drop_rate=0.1)
+    loader = make(corpus_dir, **kw)
+    n = len(loader)
+    assert n > 4 and loader.remaining == n
+    for cut in (0, 1, 2, n // 2, n - 1, n):
+        first = make(corpus_dir, **kw)
+        if cut:
+            take(first, cut)
+        state = first.state_dict()
+        first.close()
+        second = make(corpus_dir, **kw)
+        second.load_state_dict(state)
+        assert (len(second), second.remaining) == (n, n - cut), cut
+        seen = 0
+        for _ in second:
+            seen += 1
+            assert second.remaining == n - cut - seen
+        assert seen == n - cut
+        assert second.remaining == len(second)  # the next epoch, from its start
+
+
 def test_state_of_another_configuration_is_refused(corpus_dir):
     state = make(corpus_dir, seed=1).state_dict()
     with pytest.raises(ConfigError, match="seed"):

@@ -196,3 +196,32 @@ def test_the_shuffle_window_is_part_of_the_state(groups):
         with pytest.raises(ConfigError, match="shuffle_window"):
             Loader(groups["web"], mode="padded", batch_size=5, seq_len=8, backend="cpu",
                    output="arrays", shuffle_window=bad)
+
+
+# --- len(loader) with a set number of packets per epoch ----------------------------------------
+@pytest.fixture(scope="module")
+def varied(tmp_path_factory):
+    """'web': 120 ramp packets, 'code': 60, of 1 to 40 tokens each."""
+    d = tmp_path_factory.mktemp("varied")
+    lengths = np.random.default_rng(3).integers(1, 41, 180).tolist()
+    write_shards(d / "web", [encode_tokens(ramp(k, n)) for k, n in enumerate(lengths[:120])])
+    write_shards(d / "code", [encode_tokens(ramp(k, n))
+                              for k, n in enumerate(lengths[120:], start=120)])
+    return {"web": d / "web", "code": d / "code"}
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed", "packing"])
+def test_an_int_mix_size_fixes_len_in_padded_mode_only(varied, mode):
+    """An int ``mix_size`` fixes the packets of an epoch, hence its padded batches; packed and
+    packing batches follow the tokens of the packets drawn, which change with the epoch."""
+    lds = [Loader(varied, mode=mode, batch_size=4, seq_len=16, backend="cpu", output="arrays",
+                  seed=4, mix={"web": 0.6, "code": 0.4}, mix_size=90, rank=r, world_size=2)
+           for r in range(2)]
+    lens = []
+    for _ in range(4):
+        lens.append(len(lds[0]))
+        assert [sum(1 for _ in ld) for ld in lds] == [lens[-1]] * 2  # what each rank yields
+    if mode == "padded":
+        assert lens == [12] * 4  # 90 packets, 45 a rank, 4 a batch
+    else:  # as Loader.__len__ says; a change here must change what it says
+        assert len(set(lens)) > 1, lens

@@ -123,6 +123,7 @@ def test_len_is_the_exact_batch_count_of_each_epoch(tmp_path_factory, lengths, d
     again = loaders(d, world, mode, batch_size=batch, seed=2, crc_drop_rate=0.1)[-1]
     again.load_state_dict(state)
     assert len(again) == promised
+    assert again.remaining == promised - state["batch"]
     assert epoch_of(again) == promised - state["batch"]
     event(f"{mode}, {'damaged' if damaged else 'intact'}, resumed at {state['batch']} of "
           f"{promised}" if 0 < state["batch"] < promised else "resumed at an end")
