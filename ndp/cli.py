@@ -78,9 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="JSONL / JSON / Parquet / Arrow / HF datasets / text / "
                                        "token files -> NDP shards")
     p.add_argument("inputs", nargs="+",
-                   help="input files or directories: JSON Lines and JSON (compressed or not), "
-                        "Parquet, Arrow, save_to_disk folders, hf:NAME[@CONFIG] (a Hugging "
-                        "Face dataset in the local cache), plain text, token files")
+                   help="input files or directories: JSON Lines, JSON, CSV and TSV (one record "
+                        "per row; each compressed or not), Parquet, Arrow, save_to_disk folders, "
+                        "hf:NAME[@CONFIG] (a Hugging Face dataset in the local cache), plain "
+                        "text, token files")
     p.add_argument("output", help="output directory for shards, indexes and ndp.json, or a URL "
                                   "(s3://bucket/prefix/: shards uploaded as finished, ndp.json last)")
     p.add_argument("--format", choices=("auto", "text", "llmc", "llmq", "raw-u16"),

@@ -100,3 +100,11 @@ class RemoteError(NDPError, OSError):
 class CacheFullError(ConfigError):
     """The shard cache (``cache_dir``/``cache_limit``, ``ndp.cache``) cannot hold the shards
     the loaders using it need at once: the message names the limit and the size needed."""
+
+
+class InputError(ConvertError):
+    """An input file cannot be read as what its name says it is (a compressed stream cut short,
+    a Parquet or Arrow file cut or empty, a CSV row the reader refuses, a JSON array that does
+    not parse): the message names the file, where reading stopped, and what to do. A damaged
+    JSON Lines file is no such error: each bad line is a skipped ``RecordError``
+    (``ndp.convert.datafiles``)."""

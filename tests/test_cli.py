@@ -238,3 +238,49 @@ def test_every_subcommand_answers_a_missing_or_empty_path_with_exit_2(tmp_path, 
     assert err.count("\n") == 1 and "Traceback" not in err and str(path) in err
     if where == "empty" and command != "convert":
         assert "no *.ndp shards" in err
+
+
+@pytest.mark.parametrize("name", ["cut.jsonl.gz", "cut.parquet", "empty.parquet", "rows.csv"])
+def test_convert_answers_a_damaged_input_with_one_message_naming_it(converted, tmp_path,
+                                                                     capsys, name):
+    """A cut compressed stream, a Parquet file without its footer or with no bytes, a CSV row
+    with a field too many: one message naming the file, never a traceback from inside
+    datasets, pandas or pyarrow, and nothing written."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _, tok, src = converted
+    bad = tmp_path / name
+    if name.endswith(".gz"):
+        whole = gzip.compress(src.read_bytes() * 50)
+        bad.write_bytes(whole[: len(whole) // 2])
+    elif name.endswith(".parquet"):
+        pq.write_table(pa.table({"text": [f"x = {i}" for i in range(100)]}), bad)
+        bad.write_bytes(bad.read_bytes()[:-100] if name.startswith("cut") else b"")
+    else:
+        bad.write_text("text,id\nx = 1,1\nx = 2,2,oops\n")
+    capsys.readouterr()
+    code = main(["convert", str(bad), str(tmp_path / "out"), "--tokenizer", str(tok),
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and "Traceback" not in err and f"{bad}: " in err
+    assert "leave it out of the inputs" in err or "leave the file out of the inputs" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_skips_and_counts_a_cut_line_and_an_absurdly_nested_one(converted, tmp_path,
+                                                                        capsys, caplog):
+    _, tok, src = converted
+    lines = src.read_text().splitlines()
+    lines[3:3] = ['{"text": ', "[" * 100_000]
+    bad = tmp_path / "damaged.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert main(["convert", str(bad), str(tmp_path / "out"), "--tokenizer", str(tok),
+                 "--no-progress", "--max-skipped", "0.1"]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert f"{bad}:4: bad JSON" in caplog.text and f"{bad}:5: JSON nested" in caplog.text
+    assert "30 examples" in captured.out or "examples 30" in captured.out

@@ -1,4 +1,5 @@
-"""The converter: JSONL, Parquet and text files to NDP shards (``ndp convert``)."""
+"""The converter: JSON Lines, JSON, CSV/TSV, Parquet, Arrow, Hugging Face datasets, text and token
+files to NDP shards (``ndp convert``)."""
 
 from ndp.convert.pipeline import ConvertOptions, ConvertSummary, convert
 from ndp.manifest import MANIFEST
