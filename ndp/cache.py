@@ -150,7 +150,7 @@ class ShardCache:
                     raise CacheFullError(
                         f"{self.dir}: the disk is full while caching {name} ({size:,} bytes); "
                         f"free space there, set cache_limit= below the free space, or point "
-                        f"cache_dir= (NDP_CACHE_DIR) at a larger disk") from exc
+                        f"`cache_dir` (NDP_CACHE_DIR) at a larger disk") from exc
                 raise
             except BaseException:
                 out.abort()

@@ -2,8 +2,9 @@
 and exit statuses here; each command's work in ``ndp.commands``).
 
 Environment and logging are set up here, at the entry point, never at import of the library.
-Exit status: 0 success, 1 a check failed (verify found damage; convert found its records
-unusable), 2 bad usage or input.
+Exit status: 0 success, 1 a check failed (verify or inspect found damage, or a file that holds
+no valid packet; convert found its records unusable), 2 bad usage or input. Error messages
+name this command line's options where the library's name the Python API's (``OPTIONS``).
 """
 
 from __future__ import annotations
@@ -12,11 +13,51 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 
 from ndp import commands
-from ndp.errors import NDPError
+from ndp.errors import ConvertError, NDPError
 from ndp.format import Dst, Src
+
+#: the Python API parameters that error messages name in backticks (``ndp.errors``) -> the
+#: options that set them; `name=value` becomes "--option value" (`overwrite=True`: --overwrite)
+OPTIONS = {
+    "batch_size": "--batch-size",
+    "cache_dir": "--cache-dir",
+    "eos_token_id": "--eos-id",
+    "fmt": "--format",
+    "hf_split": "--hf-split",
+    "max_files": "--max-files",
+    "max_shard_bytes": "--shard-size-mb",
+    "max_skipped": "--max-skipped",
+    "max_tokens": "--max-tokens",
+    "overflow": "--overflow",
+    "overwrite": "--overwrite",
+    "shard_tokens": "--shard-tokens",
+    "split": "--split",
+    "storage_options": "--storage-options",
+    "text_unit": "--text-unit",
+    "token_width": "--token-width",
+    "version": "--version",
+}
+_PARAM = re.compile(r"`(\w+)(?:=([^`]*))?`")
+QUOTES = "'\""  # around a string value: `overflow='split'` is --overflow split
+
+
+def cli_message(err: BaseException) -> str:
+    """``err``'s message with each Python API parameter it names (`max_skipped`,
+    `overwrite=True`) shown as the command line's option (--max-skipped, --overwrite)."""
+
+    def option(match: re.Match) -> str:
+        name, value = match.groups()
+        if name not in OPTIONS:
+            return match.group(0)
+        if value is None or value == "True":
+            return OPTIONS[name]
+        return f"{OPTIONS[name]} {value.strip(QUOTES)}"
+
+    return _PARAM.sub(option, str(err))
 
 
 def _at_least_one(text: str) -> int:
@@ -93,11 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(never downloaded); token files need none")
     p.add_argument("--split", choices=("auto", "before", "after", "none"), default="auto",
                    help="token files: documents start (before) or end (after) at each EOS/EOT; "
-                        "auto: before for llm.c, after for llm.q and raw")
+                        "auto: as an ndp export recorded in the llm.c header, else before for "
+                        "llm.c, after for llm.q and raw")
     p.add_argument("--max-tokens", type=int, default=2048,
                    help="tokens per example, EOS included")
-    p.add_argument("--overflow", choices=("truncate", "split"), default="truncate",
-                   help="longer examples: truncate (default, SFT) or split into packets (pretraining)")
+    p.add_argument("--overflow", choices=("auto", "truncate", "split"), default="auto",
+                   help="examples longer than --max-tokens: split (continued in further "
+                        "packets) or truncate; auto (default): split plain-text documents "
+                        "(pretraining), truncate chat, prompt/completion and alpaca examples")
     p.add_argument("--src", type=_enum_arg(Src), default="text_corpus",
                    help="SRC tag: " + ", ".join(m.name.lower() for m in Src))
     p.add_argument("--dst", type=_enum_arg(Dst), default="embedding",
@@ -122,9 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plain text inputs: one document per file or per line")
     p.add_argument("--eos-id", "--eos-token-id", dest="eos_id", type=int, default=None,
                    help="EOS id if the tokenizer has none; token files: the id documents are "
-                        "cut at (default 50256 for llm.c version 1, else not cut)")
+                        "cut at (default: the id an ndp export recorded in the llm.c header, "
+                        "else 50256 for llm.c version 1, else not cut)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in OUTPUT")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true",
+                   help="machine-readable summary on stdout (no progress bar)")
     p.add_argument("--storage-options", type=json.loads, default=None, metavar="JSON",
                    help="for input and OUTPUT URLs (s3://bucket/prefix/): fsspec's options as JSON")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -160,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=commands.run_index)
 
-    p = sub.add_parser("inspect", help="packet counts, tokens, lengths, corruption")
+    p = sub.add_parser("inspect", help="packet counts, tokens, lengths, corruption (exit 1 "
+                                       "if a file has a problem, as verify)")
     p.add_argument("shards", nargs="+", help="shard files, directories or dataset URLs")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     _remote_options(p)
@@ -212,8 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except ConvertError as err:  # the inputs' records were unusable: like damage found
+        print(f"ndp {args.command}: error: {cli_message(err)}", file=sys.stderr)
+        return 1
     except NDPError as err:
-        print(f"ndp {args.command}: error: {err}", file=sys.stderr)
+        print(f"ndp {args.command}: error: {cli_message(err)}", file=sys.stderr)
         return 2
     except OSError as err:  # a path that cannot be read or written: the user's to fix
         where = f"{err.filename}: " if err.filename else ""

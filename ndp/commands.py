@@ -68,7 +68,7 @@ def _input_format(args: argparse.Namespace) -> str:
 
 def run_convert(args: argparse.Namespace) -> int:
     from ndp.convert import ConvertOptions, convert
-    from ndp.errors import ConfigError, ConvertError
+    from ndp.errors import ConfigError
 
     fmt = _input_format(args)
     if fmt != "text" and args.engine == "ray":
@@ -80,10 +80,10 @@ def run_convert(args: argparse.Namespace) -> int:
         summary = convert_token_files(
             args.inputs, args.output, fmt=fmt, eos_token_id=args.eos_id, split=args.split,
             src=args.src, dst=args.dst, max_shard_bytes=int(args.shard_size_mb * (1 << 20)),
-            overwrite=args.overwrite, progress=not args.no_progress,
+            overwrite=args.overwrite, progress=not args.no_progress and not args.json,
             storage_options=args.storage_options,
         )
-        print(summary.describe())
+        print(json.dumps(asdict(summary), indent=2) if args.json else summary.describe())
         return 0
     if args.tokenizer is None:
         raise ConfigError(
@@ -102,7 +102,7 @@ def run_convert(args: argparse.Namespace) -> int:
         text_unit=args.text_unit,
         eos_token_id=args.eos_id,
         overwrite=args.overwrite,
-        progress=not args.no_progress,
+        progress=not args.no_progress and not args.json,
         fields={name: column for name, column in (
             ("text", args.text_field), ("messages", args.messages_field),
             ("prompt", args.prompt_field), ("completion", args.completion_field)) if column},
@@ -110,19 +110,15 @@ def run_convert(args: argparse.Namespace) -> int:
         hf_split=args.hf_split,
         storage_options=args.storage_options,
     )
-    try:
-        if args.engine == "ray":
-            from ndp.convert.ray_engine import convert_ray
+    if args.engine == "ray":  # a ConvertError (unusable records) is exit 1 (ndp.cli)
+        from ndp.convert.ray_engine import convert_ray
 
-            summary = convert_ray(args.inputs, args.output, tokenizer=args.tokenizer,
-                                  options=opts, address=args.ray_address,
-                                  num_cpus=args.ray_num_cpus)
-        else:
-            summary = convert(args.inputs, args.output, tokenizer=args.tokenizer, options=opts)
-    except ConvertError as err:  # the inputs' records: like damage found, exit 1
-        print(f"ndp convert: {err}", file=sys.stderr)
-        return 1
-    print(summary.describe())
+        summary = convert_ray(args.inputs, args.output, tokenizer=args.tokenizer,
+                              options=opts, address=args.ray_address,
+                              num_cpus=args.ray_num_cpus)
+    else:
+        summary = convert(args.inputs, args.output, tokenizer=args.tokenizer, options=opts)
+    print(json.dumps(asdict(summary), indent=2) if args.json else summary.describe())
     return 0
 
 
@@ -221,7 +217,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     else:
         for r in reports:
             _print_report(r)
-    return 0
+    return 0 if all(r.ok for r in reports) else 1  # a check failed, as verify says
 
 
 def _manifest_problems(directory: Path, no_manifest: bool) -> tuple[list[str], dict]:

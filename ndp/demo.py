@@ -38,7 +38,7 @@ def stdlib_files(max_files: int | None = None) -> list[Path]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
     if max_files is not None and max_files < 1:
-        raise ConfigError(f"max_files must be at least 1 (or None for every file), got "
+        raise ConfigError(f"`max_files` must be at least 1 (or None for every file), got "
                           f"{max_files}")
     return files[:max_files] if max_files is not None else files
 

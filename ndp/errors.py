@@ -1,4 +1,9 @@
-"""Named exceptions. Each message says what was expected, what was found, and what to do."""
+"""Named exceptions. Each message says what was expected, what was found, and what to do.
+
+A message names a Python API parameter in single backticks, alone or with the value to pass
+(`max_skipped`, `overwrite=True`, `version=2`): the command line shows the option that sets it
+instead (``--max-skipped``, ``--overwrite``, ``--version 2``: ``ndp.cli.OPTIONS``).
+"""
 
 from __future__ import annotations
 

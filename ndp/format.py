@@ -66,9 +66,10 @@ Examples longer than one packet
 LEN is 16 bits, so one packet carries at most ``max_tokens_per_packet(typ)`` tokens: 16,383
 int32, 32,767 uint16, 15,886 masked int32, 30,839 masked uint16. One packet is one example.
 The converter applies one of two documented rules to a longer example: *truncate* (keep the
-first tokens, counted as truncated; the default, right for SFT) or *split* (cut it into
-consecutive packets of at most the capacity; right for pretraining, because packed mode
-concatenates packets in stream order, so the token stream is unchanged).
+first tokens, counted as truncated; right for SFT) or *split* (cut it into consecutive packets
+of at most the capacity; right for pretraining, because packed mode concatenates packets in
+stream order, so the token stream is unchanged). By default (``overflow="auto"``) a plain-text
+document is split and an SFT example (chat, prompt/completion, alpaca) truncated.
 
 Shard header (extension)
 ========================

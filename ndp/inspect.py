@@ -61,7 +61,8 @@ def _histogram(counts: np.ndarray) -> dict[str, int]:
 
 def inspect_shard(path: str | Path, *, require_index: bool = False) -> ShardReport:
     """Scan ``path`` and report its packets, corrupt regions and index state. Never raises for
-    damaged bytes; a newer format version or an unreadable file is a problem in the report.
+    damaged bytes; a newer format version, an unreadable file or one that holds no valid
+    packet (such as a JSONL file) is a problem in the report.
 
     A stale index is a problem. A missing one is not damage (a headerless stream of packets is
     a valid shard, and the framing scan has checked every packet anyway): it is reported in
@@ -92,6 +93,12 @@ def inspect_shard(path: str | Path, *, require_index: bool = False) -> ShardRepo
     token_counts_cpu(shard.data, offsets, token_rows, token_rows.shape[0], counts)
     report.tokens = int(counts.sum())
     report.length_histogram = _histogram(counts)
+    body = shard.size - shard.header.data_offset
+    if body and not np.isin(status, (DropReason.OK, DropReason.NOT_TOKENS)).any():
+        after = " after its header" if shard.header.data_offset else ""
+        report.problems.insert(0, f"holds no valid packet: none of its {body:,} bytes{after} "
+                                  "frame an NDP packet with a good CRC (not an NDP shard, or "
+                                  "damaged throughout; convert the data with 'ndp convert')")
     for code in np.flatnonzero(np.bincount(status, minlength=len(DropReason))):
         if code != DropReason.OK:
             bad = offsets[status == code]

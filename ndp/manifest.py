@@ -191,7 +191,7 @@ def staged_output(output: str | os.PathLike, *, overwrite: bool) -> Iterator[Pat
                 f"the converter writes a directory of its own: choose an empty or new one")
         if not overwrite:
             raise ConfigError(f"{output} already holds a dataset ({len(old)} file(s)); choose "
-                              f"another directory or pass --overwrite to replace it")
+                              f"another directory or pass `overwrite=True` to replace it")
     output.parent.mkdir(parents=True, exist_ok=True)
     _clean_leftovers(output)
     staging = output.parent / f".{output.name}{_STAGING}{os.getpid()}"

@@ -107,7 +107,7 @@ def with_retries(what: str, call: Callable[[], T], *, retries: int = RETRIES,
                 kind = ("does not exist" if isinstance(exc, FileNotFoundError)
                         else "was refused (no access)")
                 raise RemoteError(f"{what}: {kind} ({type(exc).__name__}: {exc}); check the "
-                                  f"URL and the credentials in storage_options") from exc
+                                  f"URL and the credentials in `storage_options`") from exc
             if attempt == retries:
                 raise RemoteError(f"{what}: failed {retries + 1} times ({type(exc).__name__}: "
                                   f"{exc}); the storage is unreachable or failing") from exc

@@ -218,7 +218,9 @@ class ShardWriter:
     ) -> None:
         min_bytes = SHARD_HEADER_BYTES + FRAME_BYTES + 0xFFFF
         if max_shard_bytes < min_bytes:
-            raise ConfigError(f"max_shard_bytes must be at least {min_bytes} (one full packet)")
+            raise ConfigError(f"`max_shard_bytes` must be at least {min_bytes:,} bytes "
+                              f"({min_bytes / (1 << 20):.3f} MB: one full packet), got "
+                              f"{max_shard_bytes:,} bytes")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.prefix = prefix

@@ -49,7 +49,7 @@ class RemoteOutput:
         if exists:
             if not overwrite:
                 raise ConfigError(f"{self.url} already holds a dataset ({MANIFEST}); choose "
-                                  f"another prefix or pass --overwrite to replace it")
+                                  f"another prefix or pass `overwrite=True` to replace it")
             text = with_retries(where, lambda: self.fs.cat_file(f"{self.root}/{MANIFEST}"),
                                 retries=retries)
             self.old = parse_manifest(text, where, self.url)

@@ -22,7 +22,8 @@ def converted(tmp_path_factory):
     src = root / "in.jsonl"
     src.write_text("".join(json.dumps({"text": f"x{i} = {i}\n" * (i + 1)}) + "\n" for i in range(30)))
     assert main(["convert", str(src), str(root / "out"), "--tokenizer", str(tok),
-                 "--max-tokens", "64", "--src", "code_repo", "--no-progress"]) == 0
+                 "--max-tokens", "64", "--overflow", "truncate", "--src", "code_repo",
+                 "--no-progress"]) == 0
     return root / "out", tok, src
 
 

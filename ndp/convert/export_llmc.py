@@ -1,6 +1,9 @@
 """Out to llm.c: an ndp dataset written back as llm.c token shards (``ndp export``).
 
-The llm.c format is specified in ``ndp.convert.tokenfiles``.
+The llm.c format is specified in ``ndp.convert.tokenfiles``. The header also records where the
+dataset's documents are cut (its EOS id and split rule, from its manifest) when that is not
+what ``ndp convert`` assumes for a plain llm.c file, so that converting the export gives the
+documents back; llm.c's readers ignore those words.
 """
 
 
@@ -16,7 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from ndp.atomic import AtomicFile, fsync_dir
-from ndp.convert.tokenfiles import LLMC_HEADER_WORDS, LLMC_MAGIC
+from ndp.convert.tokenfiles import (
+    LLMC_HEADER_WORDS,
+    LLMC_MAGIC,
+    LLMC_NDP_WORD,
+    llmc_default_documents,
+    llmc_document_words,
+)
 from ndp.errors import ConfigError, PacketError
 from ndp.format import (
     FRAME_BYTES,
@@ -41,14 +50,32 @@ class ExportSummary:
     packets: int = 0
     masked_packets: int = 0  # exported whole: llm.c files cannot hold a loss mask
     skipped_packets: int = 0  # valid packets without tokens (FLOAT16, BFLOAT16, reserved TYPs)
+    #: where the documents are cut: the EOS id and the split rule (before, after, none), from
+    #: the datasets' manifests; None when they do not say (shards named without their manifest)
+    eos_token_id: int | None = None
+    split: str | None = None
+    recorded: bool = False  # written in the header (words 253-255): not llm.c's default
     seconds: float = 0.0
 
     def describe(self) -> str:
         return (
             f"{len(self.files)} llm.c version {self.version} file(s): tokens {self.tokens:,}  "
             f"from packets {self.packets:,} (masked {self.masked_packets:,}, "
-            f"without tokens skipped {self.skipped_packets:,})  [{self.seconds:.1f} s]"
+            f"without tokens skipped {self.skipped_packets:,})  [{self.seconds:.1f} s]\n"
+            f"{self._documents()}"
         )
+
+    def _documents(self) -> str:
+        if self.split is None:
+            return ("documents: not recorded (shards named without their dataset's ndp.json, "
+                    "or datasets cut by different rules); 'ndp convert' of the export cuts it "
+                    "as a plain llm.c file unless --eos-id / --split say where")
+        rule = {"after": f"end with EOS id {self.eos_token_id}",
+                "before": f"start at EOS id {self.eos_token_id}",
+                "none": "one stream, not cut"}[self.split]
+        where = ("recorded in the header, so 'ndp convert' of the export cuts them there again"
+                 if self.recorded else "llm.c's default, so the header stays llm.c's own")
+        return f"documents {rule} ({where})"
 
 
 _BIG_ENDIAN = {2: ">u2", 4: ">u4"}
@@ -105,8 +132,10 @@ def _packet_tokens(data: np.ndarray, entries: np.ndarray) -> Iterator[tuple[np.n
 class _LlmcWriter:
     """Writes a known number of tokens into llm.c files of known sizes, each atomically."""
 
-    def __init__(self, paths: list[Path], counts: list[int], version: int) -> None:
+    def __init__(self, paths: list[Path], counts: list[int], version: int,
+                 documents: np.ndarray | None = None) -> None:
         self.paths, self.counts, self.version = paths, counts, version
+        self.documents = documents  # header words 253-255, or None (left 0)
         self.dtype = "<u2" if version == 1 else "<u4"
         self.done: list[Path] = []
         self._file = None
@@ -117,6 +146,8 @@ class _LlmcWriter:
         count = self.counts[len(self.done)]
         header = np.zeros(LLMC_HEADER_WORDS, "<i4")
         header[:3] = (LLMC_MAGIC, self.version, count)
+        if self.documents is not None:
+            header[LLMC_NDP_WORD:] = self.documents
         self._file = AtomicFile(path)
         self._file.file.write(header.tobytes())
         self._left = count
@@ -151,6 +182,33 @@ class _LlmcWriter:
             self._file = None
 
 
+def _manifest_documents(manifest: dict) -> tuple[int | None, str] | None:
+    """(EOS id, split rule) a dataset's documents are cut by, as its manifest says."""
+    source = manifest.get("source") or {}
+    if source.get("kind") == "token_files":  # the rule each token file was cut by
+        rules = {(f.get("eos_token_id"), f.get("split")) for f in source.get("files", [])}
+        eos, split = rules.pop() if len(rules) == 1 else (None, None)
+    else:  # converted records: the converter appends EOS to every example
+        eos = (manifest.get("tokenizer") or {}).get("eos_token_id")
+        split = "after"
+    if split == "none":
+        return None, "none"
+    return (eos, split) if isinstance(eos, int) and split in ("before", "after") else None
+
+
+def _document_rule(data, manifests: list[dict]) -> tuple[int | None, str] | None:
+    """The document rule of every dataset in ``data``, or None if one is not known (a shard
+    named directly, without its manifest) or they differ."""
+    from ndp.remote import is_url
+
+    items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
+    if any(not is_url(i) and not Path(i).is_dir() for i in items) or \
+            len(manifests) != len(items):
+        return None
+    rules = {_manifest_documents(m) for m in manifests}
+    return rules.pop() if len(rules) == 1 else None
+
+
 def export_llmc(
     data: str | os.PathLike | Sequence[str | os.PathLike],
     output: str | os.PathLike,
@@ -175,9 +233,9 @@ def export_llmc(
     from ndp.corpus import Corpus
 
     if version not in ("auto", 1, 2):
-        raise ConfigError(f"llm.c version must be 'auto', 1 or 2, got {version!r}")
+        raise ConfigError(f"llm.c `version` must be 'auto', 1 or 2, got {version!r}")
     if shard_tokens is not None and shard_tokens < 1:
-        raise ConfigError(f"shard_tokens must be >= 1, got {shard_tokens}")
+        raise ConfigError(f"`shard_tokens` must be >= 1 (tokens per file), got {shard_tokens}")
     started = time.perf_counter()
     corpus = Corpus(data, verify="full", storage_options=storage_options, cache_dir=cache_dir)
     try:
@@ -199,7 +257,7 @@ def export_llmc(
             version = 1 if max_id < 1 << 16 else 2
         if version == 1 and max_id >= 1 << 16:
             raise ConfigError(f"token id {max_id} does not fit llm.c version 1 (uint16); "
-                              "export as version 2")
+                              "export as llm.c version 2 (`version=2`, uint32)")
         out = Path(output)
         if out.is_dir():
             raise ConfigError(f"{out} is a directory; the output is a file name (for example "
@@ -217,21 +275,26 @@ def export_llmc(
                        | ({out} if out.exists() else set()))
         if stale and not overwrite:
             raise ConfigError(f"{stale[0]} exists ({len(stale)} file(s) of an earlier export); "
-                              f"pass overwrite=True (--overwrite) or choose another output")
+                              f"pass `overwrite=True` or choose another output")
         for path in stale:
             if path not in paths:
                 path.unlink()
         summary = ExportSummary(files=[str(p) for p in paths], version=version, tokens=total,
                                 masked_packets=masked,
                                 skipped_packets=sum(s[2] for s in shards))
+        rule = _document_rule(data, corpus.manifests)
+        words = None
+        if rule is not None:
+            summary.eos_token_id, summary.split = rule
+            summary.recorded = rule != llmc_default_documents(version)
+            words = llmc_document_words(*rule) if summary.recorded else None
         if masked:
             log.warning("%d packet(s) carry a loss mask; llm.c files cannot hold one, so their "
                         "tokens are exported whole and the mask is dropped", masked)
-        writer = _LlmcWriter(paths, counts, version)
-        bar = progress_bar(total=total, unit="tok", unit_scale=True, desc="export",
-                           enabled=progress)
+        writer = _LlmcWriter(paths, counts, version, words)
         try:
-            with bar:
+            with progress_bar(total=total, unit="tok", unit_scale=True, desc="export",
+                              enabled=progress) as bar:
                 for shard, entries, _ in shards:
                     for tokens, _ in _packet_tokens(shard.data, entries):
                         writer.write(tokens)

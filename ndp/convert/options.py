@@ -10,7 +10,14 @@ from ndp.errors import ConvertError
 from ndp.format import Dst, Src
 
 log = logging.getLogger("ndp.convert")
-OVERFLOW_RULES = ("truncate", "split")
+#: what happens to an example longer than ``max_tokens``: ``truncate`` keeps its first tokens,
+#: ``split`` continues it in further packets (``ndp.format``), ``auto`` (the default) splits
+#: pretraining documents (the ``text`` schema: cutting them loses data, e.g. 10% of a
+#: FineWeb-like Parquet at 2,048 tokens) and truncates SFT examples (chat, prompt/completion,
+#: alpaca: a continuation packet would train on an answer without its prompt)
+OVERFLOW_RULES = ("auto", "truncate", "split")
+#: the schemas ``auto`` splits; it truncates the others
+AUTO_SPLIT = frozenset({"text"})
 #: share of the tokens that truncation may cut before the converter warns loudly
 TRUNCATION_WARN = 0.01
 #: records read before a run that has skipped nearly all of them is stopped early
@@ -18,12 +25,37 @@ EARLY_CHECK = 1000
 SCHEMA_FIELDS = frozenset().union(*(req | opt for req, opt in SCHEMAS.values()))
 
 
+def overflow_rule(overflow: str, schema: str) -> str:
+    """``truncate`` or ``split``: what ``overflow`` (one of ``OVERFLOW_RULES``) does to a long
+    example of ``schema`` (a key of ``ndp.convert.records.SCHEMAS``)."""
+    if overflow != "auto":
+        return overflow
+    return "split" if schema in AUTO_SPLIT else "truncate"
+
+
+def overflow_by_schema(overflow: str) -> dict[str, str]:
+    """Each schema's rule under ``overflow``, as the manifest records it."""
+    return {schema: overflow_rule(overflow, schema) for schema in SCHEMAS}
+
+
+def describe_overflow(overflow: str) -> str:
+    """``overflow`` in words: ``auto: text split, chat/prompt/alpaca truncated``."""
+    by_rule: dict[str, list[str]] = {}
+    for schema, rule in overflow_by_schema(overflow).items():
+        by_rule.setdefault(rule, []).append(schema)
+    if len(by_rule) == 1:
+        return overflow
+    done = {"split": "split", "truncate": "truncated"}
+    return f"{overflow}: " + ", ".join(f"{'/'.join(s)} {done[r]}" for r, s in by_rule.items())
+
+
 @dataclass(frozen=True)
 class ConvertOptions:
     """How to convert. ``token_width`` 0 picks 2 bytes when the vocabulary fits, else 4."""
 
     max_tokens: int = 2048
-    overflow: str = "truncate"
+    #: one of ``OVERFLOW_RULES``: auto splits plain-text documents, truncates SFT examples
+    overflow: str = "auto"
     src: Src = Src.TEXT_CORPUS
     dst: Dst = Dst.EMBEDDING
     token_width: int = 0
@@ -51,6 +83,7 @@ class ConvertSummary:
     output: str
     tokenizer: str
     token_width: int
+    overflow: str = "auto"  # the option; each schema's rule: overflow_by_schema(overflow)
     examples: int = 0
     packets: int = 0
     tokens: int = 0
@@ -74,7 +107,8 @@ class ConvertSummary:
         return (
             f"examples {self.examples:,}  packets {self.packets:,}  tokens {self.tokens:,}\n"
             f"truncated {self.truncated:,} ({self.truncated_tokens:,} tokens)  "
-            f"split {self.split:,}  skipped {self.skipped_total:,} ({skipped})\n"
+            f"split {self.split:,} [overflow {describe_overflow(self.overflow)}]  "
+            f"skipped {self.skipped_total:,} ({skipped})\n"
             + (f"ignored columns: {', '.join(self.ignored_fields)}\n"
                if self.ignored_fields else "") +
             f"{len(self.shards)} shard(s), {self.bytes / 1e6:.1f} MB in {self.output}  "
@@ -109,19 +143,26 @@ def check_skipped(summary: ConvertSummary, records: int, opts: ConvertOptions, *
         raise ConvertError(
             f"{skipped:,} of {records:,} records were skipped ({skipped / records:.1%}, more "
             f"than the {opts.max_skipped:.1%} allowed; mostly {hint}); nothing was written. "
-            f"Fix the inputs or the options, or allow more with --max-skipped")
+            f"Fix the inputs or the options, or allow more with `max_skipped`")
 
 
 def warn_truncation(summary: ConvertSummary, opts: ConvertOptions) -> None:
     """Say loudly when truncation cut a real share of the tokens, and what keeps them."""
     cut = summary.truncated_tokens
     share = cut / max(cut + summary.tokens, 1)
-    if share > TRUNCATION_WARN:
-        log.warning(
-            "truncation cut %.1f%% of the tokens (%s tokens of %s examples longer than "
-            "--max-tokens %d): --overflow split keeps them (documents continue in further "
-            "packets, for pretraining), or raise --max-tokens",
-            100 * share, f"{cut:,}", f"{summary.truncated:,}", opts.max_tokens)
+    if share <= TRUNCATION_WARN:
+        return
+    if opts.overflow == "auto":  # only SFT examples are cut: their start is what they need
+        keep = ("these are SFT examples (chat, prompt/completion, alpaca), which --overflow "
+                "auto truncates: raise --max-tokens, or --overflow split keeps them (the rest "
+                "continues in further packets, without its prompt)")
+    else:
+        keep = ("--overflow split keeps them (examples continue in further packets; "
+                "--overflow auto, the default, does that for plain-text documents only), or "
+                "raise --max-tokens")
+    log.warning("truncation cut %.1f%% of the tokens (%s tokens of %s examples longer than "
+                "--max-tokens %d): %s", 100 * share, f"{cut:,}", f"{summary.truncated:,}",
+                opts.max_tokens, keep)
 
 
 def manifest_extra(summary: ConvertSummary, info, opts: ConvertOptions) -> dict:
@@ -131,6 +172,7 @@ def manifest_extra(summary: ConvertSummary, info, opts: ConvertOptions) -> dict:
         "token_width": summary.token_width,
         "max_tokens": opts.max_tokens,
         "overflow": opts.overflow,
+        "overflow_by_schema": overflow_by_schema(opts.overflow),
         "src": opts.src.name,
         "dst": opts.dst.name,
         "fields": dict(opts.fields),

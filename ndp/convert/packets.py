@@ -3,7 +3,8 @@ and Ray Data's tasks (``ndp.convert.ray_engine``), so both write the same packet
 
 Records are read in order (``ndp.convert.sources``), made examples by their schema
 (``ndp.convert.records``), tokenized in batches (the fast tokenizer encodes a batch on every
-core), cut to ``max_tokens`` (truncate or split, see ``ndp.format``) and written as packets to a
+core), cut to ``max_tokens`` (``overflow``: by default a plain-text document is split over
+packets and an SFT example truncated, ``ndp.convert.options``) and written as packets to a
 ``ShardWriter``. A bad record is skipped and counted under its reason (default) or stops the run
 (``strict``).
 """
@@ -22,6 +23,7 @@ from ndp.convert.options import (
     ConvertSummary,
     check_skipped,
     log,
+    overflow_rule,
 )
 from ndp.convert.records import KNOWN_FIELDS, Example, to_example
 from ndp.convert.sources import read_inputs
@@ -40,39 +42,44 @@ class PacketMaker:
     def __init__(self, tokenizer: str, opts: ConvertOptions, *, output: str | os.PathLike,
                  tok: Any = None) -> None:
         if opts.overflow not in OVERFLOW_RULES:
-            raise ConfigError(f"overflow must be one of {OVERFLOW_RULES}, got {opts.overflow!r}")
+            raise ConfigError(f"`overflow` must be one of {OVERFLOW_RULES}, got "
+                              f"{opts.overflow!r}")
         if opts.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {opts.batch_size}")
+            raise ConfigError(f"`batch_size` must be >= 1 (records per tokenizer call), got "
+                              f"{opts.batch_size}")
         if not 0.0 <= opts.max_skipped <= 1.0:
-            raise ConfigError(f"max_skipped is a share of the records, 0..1; got "
+            raise ConfigError(f"`max_skipped` is a share of the records, 0..1 (0.01: 1%); got "
                               f"{opts.max_skipped}")
         for name in opts.fields:
             if name not in SCHEMA_FIELDS:
-                raise ConfigError(f"fields name {name!r}, which no record schema has; schema "
+                raise ConfigError(f"`fields` name {name!r}, which no record schema has; schema "
                                   f"fields are {sorted(SCHEMA_FIELDS)}")
         self.opts = opts
         self.tok = tok if tok is not None else load_tokenizer(tokenizer)
         self.info = tokenizer_info(self.tok, tokenizer, eos_token_id=opts.eos_token_id)
         width = opts.token_width or (2 if self.info.vocab_size <= 1 << 16 else 4)
         if width not in (2, 4):
-            raise ConfigError(f"token width must be 0 (auto), 2 or 4 bytes, got "
+            raise ConfigError(f"`token_width` must be 0 (auto), 2 or 4 bytes, got "
                               f"{opts.token_width}")
         if width == 2 and self.info.vocab_size > 1 << 16:
             raise ConfigError(f"vocabulary of {self.info.vocab_size} ids does not fit 2-byte "
-                              f"tokens; use 4")
+                              f"tokens; use `token_width=4` (or 0: the width that fits)")
         capacity = max_tokens_per_packet(token_typ(width=width, masked=False))
         masked_capacity = max_tokens_per_packet(token_typ(width=width, masked=True))
         if not 1 <= opts.max_tokens <= capacity:
             raise ConfigError(
-                f"--max-tokens must be 1..{capacity} for {width}-byte tokens (one packet's LEN "
-                f"is 16 bits; {masked_capacity} for examples with a loss mask, such as chat); "
-                f"with --overflow split, longer documents continue in further packets")
+                f"`max_tokens` must be 1..{capacity} for {width}-byte tokens (one packet's LEN "
+                f"is 16 bits; {masked_capacity} for examples with a loss mask, such as chat), "
+                f"got {opts.max_tokens}; a longer document continues in further packets "
+                f"(`overflow='split'`, which the default `overflow='auto'` applies to plain "
+                f"text)")
         self.width = width
         # an example with a loss mask (chat, prompt/completion) also carries its mask bits
         self.limits = {False: opts.max_tokens, True: min(opts.max_tokens, masked_capacity)}
         self.render = chat_renderer(self.tok)
         out_name = str(output).rstrip("/") if is_url(output) else str(Path(output))
-        self.summary = ConvertSummary(output=out_name, tokenizer=tokenizer, token_width=width)
+        self.summary = ConvertSummary(output=out_name, tokenizer=tokenizer, token_width=width,
+                                      overflow=opts.overflow)
         self.known = KNOWN_FIELDS | set(opts.fields.values())
         self.ignored: set[str] = set()
         #: the first 20 records skipped, as logged (``file:line: why``)
@@ -100,7 +107,7 @@ class PacketMaker:
             n = ids.shape[0]
             most = self.limits[mask is not None]
             summary.examples += 1
-            if n > most and opts.overflow == "truncate":
+            if n > most and overflow_rule(opts.overflow, example.schema) == "truncate":
                 summary.truncated += 1
                 summary.truncated_tokens += n - most
                 n = most

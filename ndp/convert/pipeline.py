@@ -1,7 +1,8 @@
 """The converter: input files -> tokenized examples -> packets -> shards with indexes.
 
 Records are read in order, tokenized in batches (the fast tokenizer encodes a batch on every
-core), cut to ``max_tokens`` (truncate or split, see ``ndp.format``) and written as packets by
+core), cut to ``max_tokens`` (``overflow``: by default a plain-text document is split over
+consecutive packets and an SFT example truncated, see ``ndp.format``) and written as packets by
 an atomic ``ShardWriter``. A bad record is skipped and counted under its reason (default) or
 stops the run (``strict``, which also refuses fields no schema has instead of ignoring them).
 A run that would write no example, or skip more than ``max_skipped`` of its records, raises
@@ -53,12 +54,11 @@ def convert(
     maker = PacketMaker(tokenizer, opts, output=output)
     summary = maker.summary
     started = time.perf_counter()
-    bar = progress_bar(total=sum(input_size(f) for f in files), unit="B", unit_scale=True,
-                       desc="convert", enabled=opts.progress)
     with dataset_output(output, overwrite=opts.overwrite,
                         storage_options=opts.storage_options) as (stage, on_finish, publish):
         writer = ShardWriter(stage, max_shard_bytes=opts.max_shard_bytes, on_finish=on_finish)
-        with writer, bar:
+        with writer, progress_bar(total=sum(input_size(f) for f in files), unit="B",
+                                  unit_scale=True, desc="convert", enabled=opts.progress) as bar:
             records = maker.run(files, writer, bar=bar, early_check=True)
             check_skipped(summary, records, opts, early=False)
             warn_truncation(summary, opts)

@@ -118,8 +118,6 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False  # ndp's own bar counts the input bytes
     logging.getLogger("ray.data").setLevel(logging.ERROR)
-    bar = progress_bar(total=sum(input_size(f) for f in files), unit="B", unit_scale=True,
-                       desc="convert (ray)", enabled=opts.progress)
     with contextlib.ExitStack() as stack:
         if is_url(output):
             from ndp.upload import RemoteOutput
@@ -140,7 +138,8 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
                 min_size=1, max_size=max(1, int(ray.available_resources().get("CPU", 1)))))
         done: dict[int, dict] = {}
         try:
-            with bar:
+            with progress_bar(total=sum(input_size(f) for f in files), unit="B",
+                              unit_scale=True, desc="convert (ray)", enabled=opts.progress) as bar:
                 for row in dataset.iter_rows():
                     done[int(row["unit"])] = result = json.loads(row["result"])
                     bar.update(result["input_bytes"])

@@ -54,11 +54,13 @@ ChatRenderer = Callable[[list[dict[str, str]], bool], str]
 
 @dataclass(frozen=True)
 class Example:
-    """One record ready to tokenize: ``text`` and its target character spans [start, end)."""
+    """One record ready to tokenize: ``text`` and its target character spans [start, end), and
+    the schema it was read by (a key of ``SCHEMAS``: the overflow rule depends on it)."""
 
     where: str
     text: str
     targets: tuple[tuple[int, int], ...]
+    schema: str
 
     @property
     def masked(self) -> bool:
@@ -153,7 +155,7 @@ def _chat_example(
         raise
     except Exception as err:  # jinja errors, template-raised exceptions
         raise RecordError(where, f"chat template failed: {err}", kind="template") from None
-    return Example(where, full, tuple(targets))
+    return Example(where, full, tuple(targets), "chat")
 
 
 def to_example(record: Any, where: str, *, render_chat: ChatRenderer | None = None,
@@ -167,7 +169,7 @@ def to_example(record: Any, where: str, *, render_chat: ChatRenderer | None = No
     schema = schema_of(record, where, strict=strict)
     if schema == "text":
         text = _string(record, "text", where)
-        return Example(where, text, ((0, len(text)),))
+        return Example(where, text, ((0, len(text)),), "text")
     if schema == "chat":
         return _chat_example(record["messages"], where, render_chat)
     if schema == "prompt":
@@ -179,4 +181,5 @@ def to_example(record: Any, where: str, *, render_chat: ChatRenderer | None = No
         template = ALPACA_PROMPT_WITH_INPUT if extra else ALPACA_PROMPT
         prompt = template.format(instruction=instruction, input=extra)
         completion = _string(record, "output", where)
-    return Example(where, prompt + completion, ((len(prompt), len(prompt) + len(completion)),))
+    span = ((len(prompt), len(prompt) + len(completion)),)
+    return Example(where, prompt + completion, span, schema)

@@ -1,7 +1,8 @@
 """Round-trip check: the decoded shards hold exactly the tokenizer's output for every record.
 
 The reference side is independent of the converter's batching: each record is tokenized on its
-own (``tok(text, add_special_tokens=False)`` + EOS) and cut by the same rule; the shard side is
+own (``tok(text, add_special_tokens=False)`` + EOS) and cut by the rule the manifest records for
+its schema (``overflow``, ``ndp.convert.options.overflow_rule``); the shard side is
 the CPU decode (``decode_padded``) of every packet the index lists, in order.
 """
 
@@ -13,6 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ndp.convert.options import overflow_rule
 from ndp.manifest import MANIFEST
 from ndp.convert.records import to_example
 from ndp.convert.sources import read_inputs
@@ -49,7 +51,8 @@ def _expected(inputs, tokenizer: str, manifest: dict, text_unit: str) -> Iterato
             for i, s in enumerate(starts):
                 if not any(lo <= s < hi for lo, hi in example.targets):
                     labels[i] = IGNORE_INDEX
-        stop = min(len(ids), n_max) if overflow == "truncate" else len(ids)
+        cut = overflow_rule(overflow, example.schema) == "truncate"
+        stop = min(len(ids), n_max) if cut else len(ids)
         for lo in range(0, stop, n_max):
             hi = min(stop, lo + n_max)
             yield where, np.stack([ids[lo:hi], labels[lo:hi]])

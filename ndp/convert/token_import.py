@@ -65,9 +65,22 @@ class TokenConvertSummary:
             f"packets {self.packets:,}  tokens {self.tokens:,}\n"
             f"continued over several packets {self.continued:,}  masked packets "
             f"{self.masked_packets:,}  {self.token_width}-byte tokens\n"
+            f"{self._rules()}\n"
             f"{len(self.shards)} shard(s), {self.bytes / 1e6:.1f} MB in {self.output}  "
             f"[{self.seconds:.1f} s, {rate / 1e6:.2f} M tokens/s]"
         )
+
+    def _rules(self) -> str:
+        """Where the documents were cut, and who said so."""
+        why = {"option": "as --eos-id / --split say", "header": "as the ndp export recorded "
+               "in the file's header", "default": "the format's default"}
+        rules = {(f["split"], f["eos_token_id"], f["rule_from"]) for f in self.files}
+        if len(rules) != 1:
+            return "documents cut by several rules (the manifest lists each file's)"
+        split, eos, source = rules.pop()
+        if split == "none":
+            return f"documents not cut: one per file ({why[source]})"
+        return f"documents cut {split} each EOS id {eos} ({why[source]})"
 
 
 def _source_plan(tf: TokenFile, eos_token_id: int | None, split: str) -> dict:
@@ -80,11 +93,17 @@ def _source_plan(tf: TokenFile, eos_token_id: int | None, split: str) -> dict:
     if tf.vocab_size and hi >= tf.vocab_size:
         raise TokenFileError(tf.path, f"ids below the header's vocab_size {tf.vocab_size}",
                              f"id {hi}", "The tokens or the header are damaged.")
-    eos = tf.default_eos if eos_token_id is None else eos_token_id
-    rule = DEFAULT_SPLIT[tf.format] if split == "auto" else split
+    recorded = tf.split is not None  # an ndp export wrote the dataset's rule in the header
+    eos = eos_token_id if eos_token_id is not None else (
+        tf.eos_token_id if recorded else tf.default_eos)
+    rule = split if split != "auto" else (tf.split if recorded else DEFAULT_SPLIT[tf.format])
+    if recorded and rule == "none" and eos_token_id is not None:
+        rule = DEFAULT_SPLIT[tf.format]  # an EOS named for a file recorded as not cut
+    explicit = eos_token_id is not None or split != "auto"
     return {"path": str(tf.path), "format": tf.format, "version": tf.version,
             "tokens": int(tf.tokens.shape[0]), "masked": tf.mask is not None,
             "eos_token_id": eos, "split": rule if eos is not None else "none",
+            "rule_from": "option" if explicit else "header" if recorded else "default",
             "max_id": hi, "vocab_size": tf.vocab_size}
 
 
@@ -110,9 +129,9 @@ def convert_token_files(
     (``auto``, ``before``, ``after``, ``none``) say where documents are cut (module docstring).
     """
     if split not in SPLIT_RULES:
-        raise ConfigError(f"split must be one of {SPLIT_RULES}, got {split!r}")
+        raise ConfigError(f"`split` must be one of {SPLIT_RULES}, got {split!r}")
     if fmt != "auto" and fmt not in FORMATS:
-        raise ConfigError(f"format must be auto or one of {FORMATS}, got {fmt!r}")
+        raise ConfigError(f"`fmt` must be auto or one of {FORMATS}, got {fmt!r}")
     files = expand_inputs(list(inputs))
     if not files:
         raise ConfigError("no input files given")
@@ -121,12 +140,11 @@ def convert_token_files(
     out_name = str(output).rstrip("/") if is_url(output) else str(Path(output))
     summary = TokenConvertSummary(output=out_name, token_width=width, files=plans)
     started = time.perf_counter()
-    bar = progress_bar(total=sum(p["tokens"] for p in plans), unit="tok", unit_scale=True,
-                       desc="convert", enabled=progress)
     with dataset_output(output, overwrite=overwrite, storage_options=storage_options
                         ) as (stage, on_finish, publish):
         writer = ShardWriter(stage, max_shard_bytes=max_shard_bytes, on_finish=on_finish)
-        with writer, bar:
+        with writer, progress_bar(total=sum(p["tokens"] for p in plans), unit="tok",
+                                  unit_scale=True, desc="convert", enabled=progress) as bar:
             for path, plan in zip(files, plans):
                 tf = read_token_file(path, plan["format"])
                 summary.input_bytes += path.stat().st_size

@@ -8,14 +8,23 @@ llm.c token shard (``fineweb_train_000001.bin``, written by llm.c's ``dev/data``
 
     offset  size        field
     0       1024        header: 256 int32 words, those not named here are 0
-                          word 0  MAGIC    20240520
-                          word 1  VERSION  1: tokens are uint16; 2: tokens are uint32
-                          word 2  N        number of tokens
+                          word 0    MAGIC    20240520
+                          word 1    VERSION  1: tokens are uint16; 2: tokens are uint32
+                          word 2    N        number of tokens
+                          word 253  NDP      0x3150444E (b"NDP1"): words 254-255 are ndp's
+                          word 254  EOS      the id documents are cut at; -1: not cut
+                          word 255  SPLIT    0 none, 1 before (a document starts at each EOS),
+                                             2 after (a document ends with each EOS)
     1024    N * width   tokens: uint16 (version 1) or uint32 (version 2)
 
 The file is exactly ``1024 + N * width`` bytes. llm.c's Llama-3 variant (MAGIC 20240801, VERSION
 7, uint32 tokens) is read as well, and never written. GPT-2 data puts the EOT token (50256) at the
 START of every document.
+
+llm.c's readers check words 0-2 only. ndp's export fills words 253-255 with the dataset's
+document rule (so that ``ndp convert`` of the file gives its documents back) where that rule is
+not the format's default (Documents, below), so a plain llm.c file that went through ndp comes
+back byte for byte. A file without the NDP word is read with the defaults.
 
 llm.q token file::
 
@@ -49,12 +58,17 @@ other files are not cut. Documents are never reordered or dropped, so the packet
 concatenated, are the input files' tokens, concatenated. A document longer than one packet
 continues in consecutive packets (the *split* rule of ``ndp.format``).
 
+An llm.c file whose header records a document rule (ndp's export, above) is cut by it instead of
+the defaults; ``eos_token_id`` and ``split`` passed to the converter win over both.
+
 Packets are uint16 (``TOKEN_IDS_U16``) when every id of every input is below 65,536, else int32.
 
 Export writes llm.c files: version 1 when every id is below 65,536 (``version="auto"``) else 2,
 in corpus order, every packet validated first (a corrupt one is an error that names its shard
 and byte offset). llm.c files have no loss mask: masked packets are exported whole, counted, and
-a warning says so once.
+a warning says so once. The dataset's document rule is taken from its manifest: a converted text
+dataset's documents each end with the tokenizer's EOS (``after``); a dataset of token files keeps
+the rule its files were cut by.
 """
 
 from __future__ import annotations
@@ -74,6 +88,10 @@ LLMC_MAGIC = 20240520
 LLMC_LLAMA3_MAGIC = 20240801  # read only
 LLMC_HEADER_WORDS = 256
 LLMC_HEADER_BYTES = 4 * LLMC_HEADER_WORDS
+#: header words 253, 254, 255: ndp's mark, the EOS id (-1: none), the split code
+LLMC_NDP_WORD = LLMC_HEADER_WORDS - 3
+LLMC_NDP_MARK = int.from_bytes(b"NDP1", "little")
+LLMC_SPLIT_CODES = {"none": 0, "before": 1, "after": 2}
 #: (magic, version) -> token dtype
 LLMC_DTYPES = {(LLMC_MAGIC, 1): "<u2", (LLMC_MAGIC, 2): "<u4", (LLMC_LLAMA3_MAGIC, 7): "<u4"}
 LLMQ_MAGIC = b"BIN.TOK\n"
@@ -100,10 +118,41 @@ class TokenFile:
     mask: np.ndarray | None = None
     magic: int | None = None
     vocab_size: int | None = None
+    #: the document rule an ndp export recorded in the header (None: the format's defaults)
+    eos_token_id: int | None = None
+    split: str | None = None
 
     @property
     def default_eos(self) -> int | None:
         return DEFAULT_EOS.get((self.magic, self.version))
+
+
+def llmc_document_words(eos_token_id: int | None, split: str) -> np.ndarray:
+    """Header words 253-255 recording a document rule (``split`` one of before, after, none)."""
+    eos = -1 if eos_token_id is None or split == "none" else eos_token_id
+    return np.array([LLMC_NDP_MARK, eos, LLMC_SPLIT_CODES[split if eos >= 0 else "none"]],
+                    "<i4")
+
+
+def llmc_default_documents(version: int) -> tuple[int | None, str]:
+    """The document rule a plain llm.c file of ``version`` is read with: (EOS id, split)."""
+    eos = DEFAULT_EOS.get((LLMC_MAGIC, version))
+    return eos, DEFAULT_SPLIT["llmc"] if eos is not None else "none"
+
+
+def _llmc_documents(path: Path, words: np.ndarray) -> tuple[int | None, str | None]:
+    """The document rule of header words 253-255, (None, None) without ndp's mark."""
+    mark, eos, code = (int(w) for w in words[LLMC_NDP_WORD:])
+    if mark != LLMC_NDP_MARK:
+        return None, None
+    rules = {c: rule for rule, c in LLMC_SPLIT_CODES.items()}
+    if code not in rules or eos < -1 or (eos == -1) != (code == 0):
+        raise TokenFileError(
+            path, "header words 254-255 (ndp's document rule): an EOS id >= 0 with split code "
+            "1 (before) or 2 (after), or -1 with split code 0 (none)", f"EOS {eos}, split code "
+            f"{code}", "The header is damaged; pass --eos-id and --split to say where the "
+            "documents are cut, or re-export the file.")
+    return (None if eos < 0 else eos), rules[code]
 
 
 def _map(path: Path, dtype: str, offset: int, count: int) -> np.ndarray:
@@ -150,7 +199,9 @@ def read_llmc(path: str | os.PathLike) -> TokenFile:
     width = np.dtype(dtype).itemsize
     _check_size(path, size, LLMC_HEADER_BYTES + n * width,
                 f"{LLMC_HEADER_BYTES}-byte header + {n:,} tokens x {width} bytes")
-    return TokenFile(path, "llmc", version, _map(path, dtype, LLMC_HEADER_BYTES, n), magic=magic)
+    eos, split = _llmc_documents(path, words)
+    return TokenFile(path, "llmc", version, _map(path, dtype, LLMC_HEADER_BYTES, n), magic=magic,
+                     eos_token_id=eos, split=split)
 
 
 def read_llmq(path: str | os.PathLike) -> TokenFile:
@@ -227,7 +278,8 @@ def read_token_file(path: str | os.PathLike, fmt: str = "auto") -> TokenFile:
                 "Raw headerless uint16 tokens need --format raw-u16; text needs --tokenizer.",
             )
     if fmt not in _READERS:
-        raise ConfigError(f"token file format must be auto or one of {FORMATS}, got {fmt!r}")
+        raise ConfigError(f"token file format `fmt` must be auto or one of {FORMATS}, got "
+                          f"{fmt!r}")
     return _READERS[fmt](path)
 
 
@@ -239,7 +291,7 @@ def document_bounds(tokens: np.ndarray, eos_token_id: int | None, rule: str) -> 
     cuts = [np.array([0, n], np.int64)]
     if eos_token_id is not None and rule != "none":
         if rule not in ("before", "after"):
-            raise ConfigError(f"split must be one of {SPLIT_RULES}, got {rule!r}")
+            raise ConfigError(f"`split` must be one of {SPLIT_RULES}, got {rule!r}")
         shift = 1 if rule == "after" else 0
         for lo in range(0, n, _CHUNK):
             cuts.append(np.flatnonzero(tokens[lo: lo + _CHUNK] == eos_token_id) + (lo + shift))

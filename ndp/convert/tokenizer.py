@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,8 +16,29 @@ from ndp.convert.records import Example
 from ndp.errors import TokenizerError
 
 
+def is_path_like(name: str) -> bool:
+    """Whether ``name`` means a local directory rather than a Hugging Face name (``gpt2``,
+    ``org/model``): it starts with ``.``, ``/`` or ``~``, has a separator other than a repo id's
+    one ``/``, or names a path that exists (its first part, for ``dir/tok``)."""
+    if name.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(name)):
+        return True
+    seps = [s for s in (os.sep, os.altsep) if s and s != "/"]  # "\\" on Windows
+    parts = name.split("/")
+    return any(s in name for s in seps) or len(parts) > 2 or os.path.isdir(parts[0])
+
+
 def load_tokenizer(name_or_path: str) -> Any:
-    """A fast tokenizer from a local directory or the local Hugging Face cache; never downloads."""
+    """A fast tokenizer from a local directory or the local Hugging Face cache; never downloads.
+    A path (``is_path_like``) that is not a directory is a ``TokenizerError`` naming it."""
+    if is_path_like(name_or_path):
+        path = Path(name_or_path).expanduser()
+        if not path.is_dir():
+            found = "a file, not a directory" if path.exists() else "nothing there"
+            raise TokenizerError(
+                f"no such tokenizer directory: {name_or_path} ({path.absolute()}: {found}). "
+                "Pass the directory that holds the tokenizer (tokenizer.json), or the name of "
+                "one in the local Hugging Face cache (HF_HOME); ndp never downloads.")
+        name_or_path = str(path)
     try:
         from transformers import AutoTokenizer
     except ImportError as err:  # pragma: no cover - depends on the environment
@@ -52,8 +75,8 @@ def tokenizer_info(tok: Any, name: str, *, eos_token_id: int | None = None) -> T
     eos = tok.eos_token_id if eos_token_id is None else eos_token_id
     if eos is None:
         raise TokenizerError(
-            f"tokenizer {name!r} has no EOS token; pass one with --eos-id (ndp appends EOS to "
-            "every document)"
+            f"tokenizer {name!r} has no EOS token; pass its id as `eos_token_id` (ndp appends "
+            "EOS to every document)"
         )
     return TokenizerInfo(
         name=name,

@@ -120,7 +120,8 @@ def test_truncate_and_split(tmp_path, tokenizer_dir, hf_tokenizer):
     text = "x = 1\n" * 200
     want = hf_tokenizer(text, add_special_tokens=False)["input_ids"] + [hf_tokenizer.eos_token_id]
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": text}])
-    s = convert([src], tmp_path / "t", tokenizer=tokenizer_dir, options=opts(max_tokens=50))
+    s = convert([src], tmp_path / "t", tokenizer=tokenizer_dir,
+                options=opts(max_tokens=50, overflow="truncate"))
     (p,) = packets(tmp_path / "t")
     assert p.tokens.tolist() == want[:50]
     assert s.truncated == 1 and s.truncated_tokens == len(want) - 50
@@ -163,7 +164,8 @@ def test_max_tokens_up_to_a_packets_capacity_masked_examples_to_theirs(tmp_path,
     long = "def f(x):\n    return x + 1\n" * 6000
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": long},
                                              {"prompt": "q: ", "completion": long}])
-    s = convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts(max_tokens=32000))
+    s = convert([src], tmp_path / "out", tokenizer=tokenizer_dir,
+                options=opts(max_tokens=32000, overflow="truncate"))
     assert s.examples == 2 and s.truncated == 2
     shard = Shard(next((tmp_path / "out").glob("*.ndp")))
     assert sorted(tokens_of_index(load_index(shard))) == [30839, 32000]
@@ -181,7 +183,7 @@ def test_option_and_environment_errors(tmp_path, tokenizer_dir):
     with pytest.raises(ConfigError, match="already holds"):
         convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
     convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts(overwrite=True))
-    with pytest.raises(ConfigError, match="--max-tokens must be 1..32767 .*30839 for examples "
+    with pytest.raises(ConfigError, match="`max_tokens` must be 1..32767 .*30839 for examples "
                                           "with a loss mask"):
         convert([src], tmp_path / "big", tokenizer=tokenizer_dir, options=opts(max_tokens=40000))
     with pytest.raises(TokenizerError, match="never downloads"):
