@@ -34,7 +34,8 @@ def cuda_unavailable_reason() -> str | None:
     try:
         from numba import cuda
     except ImportError as exc:  # pragma: no cover - numba without its CUDA target
-        return f"numba's CUDA target cannot be imported ({exc}); pip install 'neural-datagram[cuda12]'"
+        return (f"numba's CUDA target cannot be imported ({exc}); "
+                "pip install 'neural-datagram[cuda12]'")
     if simulated():
         return None
     try:
@@ -45,7 +46,8 @@ def cuda_unavailable_reason() -> str | None:
     try:
         import cupy  # noqa: F401
     except ImportError:
-        return "CuPy is not installed; pip install 'neural-datagram[cuda12]' (or 'neural-datagram[cuda13]')"
+        return ("CuPy is not installed; pip install 'neural-datagram[cuda12]' "
+                "(or 'neural-datagram[cuda13]')")
     return None
 
 

@@ -72,7 +72,8 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[Any, str]
         from fsspec.core import url_to_fs
     except ImportError:
         raise RemoteError(f"{url}: reading object storage needs fsspec (and s3fs, gcsfs, "
-                          f"huggingface_hub, ... for its scheme): pip install 'neural-datagram[remote]'"
+                          f"huggingface_hub, ... for its scheme): "
+                          f"pip install 'neural-datagram[remote]'"
                           ) from None
     try:
         fs, path = url_to_fs(url, **(storage_options or {}))

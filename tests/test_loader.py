@@ -154,7 +154,8 @@ def test_torch_output_without_torch_says_what_to_install(corpus_dir, monkeypatch
     import sys
 
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
-    with pytest.raises(ConfigError, match=r'pip install "neural-datagram\[torch\]".*output=.arrays.'):
+    with pytest.raises(ConfigError,
+                       match=r'pip install "neural-datagram\[torch\]".*output=.arrays.'):
         Loader(corpus_dir, batch_size=2, seq_len=8, backend="cpu")
     make(corpus_dir)  # output="arrays" needs no torch
 

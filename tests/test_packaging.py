@@ -63,9 +63,10 @@ def test_cuda_installs_keep_numpy_below_2_5_while_numba_cuda_needs_it():
     for extra in ("cuda12", "cuda13", "dev"):
         caps = [Requirement(r).specifier for r in extras[extra] if Requirement(r).name == "numpy"]
         assert caps and not any(c.contains("2.5.0") for c in caps), (
-            f"neural-datagram[{extra}] admits numpy 2.5, with which numba-cuda's np.row_stack breaks the "
-            f"first kernel launch")
-        assert all(c.contains("2.4.6") for c in caps), f"neural-datagram[{extra}] refuses numpy 2.4.6"
+            f"neural-datagram[{extra}] admits numpy 2.5, with which numba-cuda's np.row_stack "
+            f"breaks the first kernel launch")
+        assert all(c.contains("2.4.6") for c in caps), \
+            f"neural-datagram[{extra}] refuses numpy 2.4.6"
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -106,7 +106,8 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
     try:
         import ray
     except ImportError:
-        raise ConfigError("--engine ray needs Ray Data: pip install 'neural-datagram[ray]'") from None
+        raise ConfigError("--engine ray needs Ray Data: "
+                          "pip install 'neural-datagram[ray]'") from None
     opts = options
     files = expand_inputs(list(inputs), storage_options=opts.storage_options)
     maker = PacketMaker(tokenizer, opts, output=output)  # checks the options and tokenizer here

@@ -42,7 +42,8 @@ def load_tokenizer(name_or_path: str) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise TokenizerError("the converter needs transformers: pip install 'neural-datagram[tokenize]'") from err
+        raise TokenizerError("the converter needs transformers: "
+                             "pip install 'neural-datagram[tokenize]'") from err
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except Exception as err:
