@@ -176,14 +176,19 @@ def test_gpu_check_lists_its_steps_and_fails_loudly_without_a_gpu(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing ran, so no results folder either
 
 
-def test_gpu_check_counts_a_skip_or_a_dirty_memcheck_as_a_failure():
+def _gpu_check():
+    """benchmarks/gpu_check.py as a module (it imports its neighbours by name)."""
     import importlib
 
     sys.path.insert(0, str(BENCH))
     try:
-        check = importlib.import_module("gpu_check")
+        return importlib.import_module("gpu_check")
     finally:
         sys.path.remove(str(BENCH))
+
+
+def test_gpu_check_counts_a_skip_or_a_dirty_memcheck_as_a_failure():
+    check = _gpu_check()
     assert check.verdict("gpu-tests", 0, "....\n33 passed in 80s")[0]
     assert not check.verdict("gpu-tests", 0, "....\n30 passed, 3 skipped in 80s")[0]
     assert not check.verdict("device-equality", 1, "1 failed, 60 passed")[0]
@@ -256,13 +261,7 @@ def test_every_script_that_writes_results_takes_out_with_the_shared_default():
 
 
 def test_gpu_check_passes_its_out_folder_to_the_benchmarks_it_runs():
-    import importlib
-
-    sys.path.insert(0, str(BENCH))
-    try:
-        check = importlib.import_module("gpu_check")
-    finally:
-        sys.path.remove(str(BENCH))
+    check = _gpu_check()
     out = Path("/somewhere/results")
     for name, cmd, _ in check.steps("compute-sanitizer", out):
         if any(Path(word).name.startswith(("bench_", "train_")) for word in cmd):
@@ -271,13 +270,7 @@ def test_gpu_check_passes_its_out_folder_to_the_benchmarks_it_runs():
 
 def test_gpu_check_keeps_its_logs_in_its_out_folder_and_lists_the_new_files(tmp_path,
                                                                             monkeypatch, capsys):
-    import importlib
-
-    sys.path.insert(0, str(BENCH))
-    try:
-        check = importlib.import_module("gpu_check")
-    finally:
-        sys.path.remove(str(BENCH))
+    check = _gpu_check()
     wrote = f"from pathlib import Path; Path({str(tmp_path / 'bench-1.json')!r}).touch(); " \
             f"print('wrote bench-1.json')"
     monkeypatch.setattr(check, "preflight", lambda: [])
