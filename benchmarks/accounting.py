@@ -7,7 +7,7 @@
 A corpus of 900 short ramp packets in 3 shards; for each mode, from host memory and resident, a
 Loader at its default chunk size runs one warm-up epoch, is closed (its producer restarts, so
 the ramp of small first chunks is counted too), then two more epochs; ``loader.counters`` over
-those two, per batch the producer made. ``tests/test_counters.py`` bounds the same counts. JSON
+those two, per batch the producer made. ``tests/engine/test_counters.py`` bounds the same counts. JSON
 into ``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``):
 ``{sim-,}accounting-<time>.json``.
 """
@@ -28,11 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
-from ndp.atomic import atomic_write  # noqa: E402
-from ndp.backend import simulated  # noqa: E402
-from ndp.loader import Loader  # noqa: E402
-from ndp.packet import encode_tokens  # noqa: E402
-from ndp.shard import ShardWriter  # noqa: E402
+from ndp.store.atomic import atomic_write  # noqa: E402
+from ndp.engine.backend import simulated  # noqa: E402
+from ndp.loader.loader import Loader  # noqa: E402
+from ndp.wire.packet import encode_tokens  # noqa: E402
+from ndp.store.writer import ShardWriter  # noqa: E402
 
 CASES = [("padded", 2, 8), ("packed", 2, 6), ("packing", 2, 16)]
 

@@ -42,14 +42,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
-from ndp.atomic import atomic_write  # noqa: E402
-from ndp.cli import main as cli  # noqa: E402
+from ndp.store.atomic import atomic_write  # noqa: E402
+from ndp.cli.main import main as cli  # noqa: E402
 from ndp.errors import NDPError  # noqa: E402
-from ndp.format import Typ  # noqa: E402
-from ndp.loader import Loader  # noqa: E402
-from ndp.packet import encode_packet, encode_tokens  # noqa: E402
-from ndp.shard import ShardWriter  # noqa: E402
-from ndp.state import seal  # noqa: E402
+from ndp.wire.format import Typ  # noqa: E402
+from ndp.loader.loader import Loader  # noqa: E402
+from ndp.wire.packet import encode_packet, encode_tokens  # noqa: E402
+from ndp.store.writer import ShardWriter  # noqa: E402
+from ndp.loader.state import seal  # noqa: E402
 
 CASES: list[tuple[str, str, Callable[[Path], str]]] = []
 LENGTHS = [int(x) for x in np.random.default_rng(1).integers(1, 40, 31)]
@@ -145,7 +145,7 @@ def child(code: str, *args: str) -> str:
 
 
 def flip_index_field(d: Path, field: str, entry: int, value=None, xor: int = 1) -> None:
-    from ndp.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES
+    from ndp.wire.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES
 
     idx = sorted(d.glob("*.idx"))[0]
     raw = bytearray(idx.read_bytes())
@@ -159,7 +159,7 @@ def flip_index_field(d: Path, field: str, entry: int, value=None, xor: int = 1) 
 
 def set_entries(d: Path, pick: Callable[[np.ndarray], np.ndarray]) -> None:
     """Rewrite the first index with the entries ``pick`` chooses (its header's count too)."""
-    from ndp.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES, INDEX_HEADER_DTYPE
+    from ndp.wire.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES, INDEX_HEADER_DTYPE
 
     idx = sorted(d.glob("*.idx"))[0]
     raw = idx.read_bytes()
@@ -336,7 +336,7 @@ def _not_dict(tmp):
 # ------------------------------------------------------------------- files changed under a reader
 _CUT = """
     import os, sys
-    from ndp.loader import Loader
+    from ndp.loader.loader import Loader
     from ndp.errors import ShardChangedError
     ld = Loader(sys.argv[1], batch_size=2, seq_len=16, shuffle=False, backend="cpu",
                 output="arrays", prefetch=0, chunk_batches=1, mode=sys.argv[2])
@@ -369,7 +369,7 @@ def _many(tmp):
     return child("""
         import resource, sys
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-        from ndp.loader import Loader
+        from ndp.loader.loader import Loader
         ld = Loader(sys.argv[1], batch_size=4, seq_len=8, backend="cpu", output="arrays")
         n = sum(1 for _ in ld)
         print(f"{n} batches, {ld.stats.valid} packets")

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ndp.atomic import atomic_write
-from ndp.decode import PaddedBuffers, decode_packed, decode_padded, validate
+from ndp.store.atomic import atomic_write
+from ndp.engine.reference import PaddedBuffers, decode_packed, decode_padded, validate
 from ndp.kernels._jit import cpu_kernel
 from ndp.kernels.clmul import HAS_CLMUL
 from ndp.kernels.crc16 import CRC16_TABLES, crc16_update_host, crc16_update_tables
-from ndp.packet import encode_tokens
+from ndp.wire.packet import encode_tokens
 from results_dir import OUT_HELP, add_out_argument
 
 
@@ -88,7 +88,7 @@ def machine() -> dict:
 
 
 def ndp_threads() -> int:
-    from ndp.threads import get_num_threads
+    from ndp.engine.threads import get_num_threads
 
     return get_num_threads()
 
@@ -213,7 +213,7 @@ def bench_decode(n_packets: int, seq: int, batch: int, repeats: int) -> list[dic
 
 def bench_convert(max_files: int | None) -> dict:
     from ndp.convert import ConvertOptions, convert
-    from ndp.demo import build_corpus, stdlib_files, train_tokenizer
+    from ndp.cli.demo import build_corpus, stdlib_files, train_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -240,8 +240,8 @@ def bench_convert(max_files: int | None) -> dict:
 
 def bench_loader(n_packets: int, seq: int, batch: int) -> list[dict]:
     """``ndp.Loader`` end to end: tokens/s delivered as torch tensors and next() latency."""
-    from ndp.loader import Loader
-    from ndp.shard import ShardWriter
+    from ndp.loader.loader import Loader
+    from ndp.store.writer import ShardWriter
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -44,12 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import machine, synthetic_shard  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
-from ndp.atomic import atomic_write  # noqa: E402
+from ndp.store.atomic import atomic_write  # noqa: E402
 from ndp.adapters.torch import to_torch  # noqa: E402
-from ndp.backend import simulated  # noqa: E402
-from ndp.decoder import CpuDecoder  # noqa: E402
-from ndp.device import device_memory_info  # noqa: E402
-from ndp.gpu_decode import CudaDecoder  # noqa: E402
+from ndp.engine.backend import simulated  # noqa: E402
+from ndp.engine.decoder import CpuDecoder  # noqa: E402
+from ndp.engine.device import device_memory_info  # noqa: E402
+from ndp.engine.cuda_decoder import CudaDecoder  # noqa: E402
 
 TARGETS = {"gpu_host_tokens_per_s": 5e9, "gpu_resident_tokens_per_s": 50e9, "next_p50_us": 20.0}
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         args.packets, args.seq, args.chunk = args.packets or 24, min(args.seq, 16), 8
     n_packets = args.packets or (32_768 if args.quick else 262_144)
     if not simulated():
-        from ndp.backend import cuda_unavailable_reason
+        from ndp.engine.backend import cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         if reason is not None:

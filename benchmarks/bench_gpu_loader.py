@@ -9,7 +9,7 @@ One corpus of NDP shard files (``--tokens`` int32 tokens in packets of ``--seq``
 the GPU, each pipeline for ``--seconds`` after a warm-up, in one run:
 
 * ``ndp_cuda_host_{padded,packed}``: ``ndp.Loader(backend="cuda")``, shards copied to the device
-  in bulk as needed (``ndp.device_shards``);
+  in bulk as needed (``ndp.loader.device_shards``);
 * ``ndp_cuda_resident_{padded,packed}``: the same with every shard on the device;
 * ``ndp_cpu_copy_{padded,packed}``: ``ndp.Loader(backend="cpu")``, each tensor then
   ``.pin_memory().to("cuda", non_blocking=True)``;
@@ -44,8 +44,8 @@ from bench_cpu import machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 from bench_gpu import device_info, physical_limits  # noqa: E402
 
-from ndp.atomic import atomic_write  # noqa: E402
-from ndp.backend import simulated  # noqa: E402
+from ndp.store.atomic import atomic_write  # noqa: E402
+from ndp.engine.backend import simulated  # noqa: E402
 
 #: issue 11's targets (an H100): never asserted by tests, reported as met or not
 TARGETS = {"resident_tokens_per_s": 5e9, "host_tokens_per_s": 3e9, "next_p50_us": 30.0,
@@ -55,8 +55,8 @@ TARGETS = {"resident_tokens_per_s": 5e9, "host_tokens_per_s": 3e9, "next_p50_us"
 def write_corpus(root: Path, n_tokens: int, seq: int) -> Path:
     """NDP shards of packets of ``seq`` random int32 tokens, and the same tokens as one raw
     int32 file (``tokens.bin``, for nanoGPT's loader)."""
-    from ndp.packet import encode_tokens
-    from ndp.shard import ShardWriter
+    from ndp.wire.packet import encode_tokens
+    from ndp.store.writer import ShardWriter
 
     rng = np.random.default_rng(0)
     proto = [rng.integers(0, 150_000, seq) for _ in range(64)]
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         args.tokens, args.batch, args.seq, args.seconds = 4096, 2, 16, 0.2
     device = "cpu" if simulated() else "cuda"
     if not simulated():
-        from ndp.backend import cuda_unavailable_reason
+        from ndp.engine.backend import cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         if reason is not None:

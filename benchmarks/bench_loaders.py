@@ -90,7 +90,7 @@ NDP_BACKENDS = {"cpu": "cpu", "gpu": "cuda"}
 # --- data -----------------------------------------------------------------------------------
 def documents(max_files: int | None) -> list[str]:
     """Standard-library source cut at line boundaries into ~3,000-character documents."""
-    from ndp.demo import _read, stdlib_files
+    from ndp.cli.demo import _read, stdlib_files
 
     docs = []
     for path in stdlib_files(max_files):
@@ -112,9 +112,9 @@ def documents(max_files: int | None) -> list[str]:
 
 def prepare(work: Path, *, max_files: int | None, large_tokens: int) -> dict:
     """Write every pipeline's input under ``work``; return their paths and sizes."""
-    from ndp.demo import train_tokenizer
-    from ndp.packet import encode_tokens
-    from ndp.shard import ShardWriter
+    from ndp.cli.demo import train_tokenizer
+    from ndp.wire.packet import encode_tokens
+    from ndp.store.writer import ShardWriter
 
     docs = documents(max_files)
     tok_dir = train_tokenizer(docs[:2000], work / "tokenizer")
@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     large = args.large_tokens or (
         300_000 if args.smoke else 2_000_000 if args.quick else 1_000_000_000)
     pipelines = list(PIPELINES) + ([] if args.smoke or args.no_peers else peers.PIPELINES)
-    from ndp.backend import cuda_unavailable_reason, simulated
+    from ndp.engine.backend import cuda_unavailable_reason, simulated
 
     has_gpu = cuda_unavailable_reason() is None and not simulated()
     if has_gpu:
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"loaders-{dt.datetime.now():%Y%m%d-%H%M%S}"
     report["figures"] = figures(report, stem)
-    from ndp.atomic import atomic_write
+    from ndp.store.atomic import atomic_write
 
     atomic_write(stem.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
     print(f"wrote {stem}.json and {len(report['figures'])} figures")

@@ -46,8 +46,8 @@ B, T = 16, 1024
 
 def write_dataset(directory: Path, *, shards: int, shard_mb: float) -> dict:
     """Ramp packets of 2,000 tokens (2-byte ids) in ``shards`` shards of about ``shard_mb``."""
-    from ndp.packet import encode_tokens
-    from ndp.shard import ShardWriter
+    from ndp.wire.packet import encode_tokens
+    from ndp.store.writer import ShardWriter
 
     per_shard = int(shard_mb * (1 << 20)) // (2 * 2000 + 8)
     rng = np.random.default_rng(0)
@@ -74,7 +74,7 @@ def options(endpoint: str) -> dict:
 
 def read_epoch(data: str, storage_options: dict | None, cache_dir: str | None) -> dict:
     """One epoch, in this process: time to first batch, tokens/s, CPU s per 1e9 tokens."""
-    from ndp.loader import Loader
+    from ndp.loader.loader import Loader
 
     cpu0, t0 = time.process_time(), time.perf_counter()
     loader = Loader(data, mode="packed", batch_size=B, seq_len=T, output="arrays", seed=0,
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                    "upload_seconds": upload_s, "server": "moto (python -m moto.server)"},
         "rows": rows,
     }
-    from ndp.atomic import atomic_write
+    from ndp.store.atomic import atomic_write
 
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"remote-{dt.datetime.now():%Y%m%d-%H%M%S}.json"

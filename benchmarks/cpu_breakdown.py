@@ -7,7 +7,7 @@
     python benchmarks/cpu_breakdown.py --out benchmarks/results   # adds to the project's record
 
 ``ndp.Loader`` (CPU backend, torch tensors out) runs for a time budget per mode and batch size
-after a warm-up, on one ndp thread (``ndp.threads.set_num_threads(1)``: a stage's work then all runs on
+after a warm-up, on one ndp thread (``ndp.engine.threads.set_num_threads(1)``: a stage's work then all runs on
 the thread that calls it, where ``time.thread_time`` sees it). The producer's stages are timed on
 its thread: ``stage`` (reading the chunk's packets with pread), ``verdicts`` (CRC and checks),
 ``layout`` (batches from the verdicts, on the host), ``build`` (the output arrays), and the rest
@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
-STAGES = (("ndp.stage", "HostStager", "stage", "stage"),
-          ("ndp.engine", "CpuEngine", "submit_verdicts", "verdicts"),
-          ("ndp.chunks", "ChunkDecoder", "_layout", "layout"),
-          ("ndp.chunks", "ChunkDecoder", "_build", "build"),
-          ("ndp.producer", "Producer", "_epoch", "producer"))
+STAGES = (("ndp.loader.stage", "HostStager", "stage", "stage"),
+          ("ndp.engine.cpu", "CpuEngine", "submit_verdicts", "verdicts"),
+          ("ndp.loader.chunks", "ChunkDecoder", "_layout", "layout"),
+          ("ndp.loader.chunks", "ChunkDecoder", "_build", "build"),
+          ("ndp.loader.producer", "Producer", "_epoch", "producer"))
 
 
 def instrument() -> Counter:
@@ -68,8 +68,8 @@ def smoke_corpus(work: Path) -> Path:
     """300 documents of 10 to 200 random uint16 tokens, in one shard."""
     import numpy as np
 
-    from ndp.packet import encode_tokens
-    from ndp.shard import ShardWriter
+    from ndp.wire.packet import encode_tokens
+    from ndp.store.writer import ShardWriter
 
     rng = np.random.default_rng(0)
     with ShardWriter(work / "ndp") as w:
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny data and runs, for the tests")
     add_out_argument(ap)
     args = ap.parse_args(argv)
-    from ndp.threads import set_num_threads
+    from ndp.engine.threads import set_num_threads
 
     set_num_threads(1)
     spent = instrument()
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": machine(), "corpus": corpus, "threads": 1, "resident": args.resident,
               "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    from ndp.atomic import atomic_write
+    from ndp.store.atomic import atomic_write
 
     path = args.out / f"cpu-breakdown-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     atomic_write(path, json.dumps(report, indent=2) + "\n")

@@ -9,7 +9,7 @@ Steps, each in its own process with its own time limit, all of them whatever an 
 1. ``preflight``: a CUDA device Numba can use, CuPy, torch with CUDA, a NumPy that the installed
    numba-cuda works with, and ``compute-sanitizer``; anything missing fails here, with what to
    install, instead of a later step skipping silently;
-2. ``gpu-tests``: the ``gpu``-marked tests (``tests/test_gpu_device.py``) but the memcheck run;
+2. ``gpu-tests``: the ``gpu``-marked tests (``tests/engine/test_gpu_device.py``) but the memcheck run;
 3. ``device-equality``: the CUDA-against-CPU tests (kernels, decoder, Loader chunks, accounting,
    held batches through CuPy's array interface), which run on the device when there is one;
 4. ``memcheck``: ``compute-sanitizer --tool memcheck`` over hostile input
@@ -43,9 +43,9 @@ from results_dir import add_out_argument
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-DEVICE_TESTS = ["tests/kernels/test_cuda_kernels.py", "tests/test_gpu_decode.py",
-                "tests/test_chunks.py", "tests/test_counters.py", "tests/adapters/test_torch.py",
-                "tests/test_serve.py"]
+DEVICE_TESTS = ["tests/kernels/test_cuda_kernels.py", "tests/engine/test_gpu_decode.py",
+                "tests/loader/test_chunks.py", "tests/engine/test_counters.py",
+                "tests/adapters/test_torch.py", "tests/loader/test_serve.py"]
 
 
 def sanitizer() -> str | None:
@@ -63,7 +63,7 @@ def preflight() -> list[str]:
     """What is missing for the other steps (empty: nothing)."""
     problems = []
     try:
-        from ndp.backend import cuda_unavailable_reason, simulated
+        from ndp.engine.backend import cuda_unavailable_reason, simulated
     except Exception as exc:  # noqa: BLE001 - reported
         return [f"ndp does not import: {exc}"]
     if simulated():
@@ -93,7 +93,7 @@ def steps(sanitizer_path: str, out: Path) -> list[tuple[str, list[str], int]]:
     to_out = ["--out", str(out)]
     return [
         ("gpu-tests", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "gpu",
-                       "-k", "not memcheck", "tests/test_gpu_device.py"], 150),
+                       "-k", "not memcheck", "tests/engine/test_gpu_device.py"], 150),
         ("device-equality", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                              *DEVICE_TESTS], 150),
         ("memcheck", [sanitizer_path, "--tool", "memcheck", "--report-api-errors", "no",
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             ok, line = False, f"timed out after {limit} s; {line}"
         log = results / f"{'memcheck' if name == 'memcheck' else 'gpu-check-' + name}-{stamp}.log"
         if name == "memcheck" or not ok:
-            from ndp.atomic import atomic_write
+            from ndp.store.atomic import atomic_write
 
             atomic_write(log, f"$ {' '.join(cmd)}\n(exit {rc})\n{out}")
         summary.append((name, ok, time.time() - t, line))

@@ -93,7 +93,7 @@ def python(env: str = "peers") -> Path:
     marker = folder / "installed.json"
     if exe.exists() and marker.exists() and json.loads(marker.read_text()) == packages:
         return exe
-    from ndp.atomic import atomic_write
+    from ndp.store.atomic import atomic_write
 
     print(f"installing {' '.join(packages)} into {folder} (once)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", *(["--system-site-packages"] if system else []),

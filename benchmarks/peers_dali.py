@@ -30,7 +30,7 @@ from peers import _device_batch  # noqa: E402
 
 def prepare(root: Path) -> dict:
     """``root/all.bin`` as ``root/dali/tokens.npy``; its time and size."""
-    from ndp.atomic import atomic_file
+    from ndp.store.atomic import atomic_file
 
     src = root / "all.bin"
     (root / "dali").mkdir(exist_ok=True)

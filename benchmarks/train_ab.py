@@ -55,9 +55,9 @@ class GPT(nn.Module):
 
 
 def prepare(work: Path, max_files: int | None) -> dict:
-    from ndp.demo import train_tokenizer
-    from ndp.packet import encode_tokens
-    from ndp.shard import ShardWriter
+    from ndp.cli.demo import train_tokenizer
+    from ndp.wire.packet import encode_tokens
+    from ndp.store.writer import ShardWriter
     from transformers import AutoTokenizer
 
     docs = documents(max_files)
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=110)
     report["figure"] = stem.with_suffix(".png").name
-    from ndp.atomic import atomic_write
+    from ndp.store.atomic import atomic_write
 
     atomic_write(stem.with_suffix(".json"), json.dumps(report, indent=1) + "\n")
     print(f"wrote {stem}.json")

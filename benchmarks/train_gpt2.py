@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     import bench_loaders
     import peers
     from bench_cpu import machine
-    from ndp.backend import cuda_unavailable_reason, simulated
+    from ndp.engine.backend import cuda_unavailable_reason, simulated
 
     has_gpu = cuda_unavailable_reason() is None and not simulated()
     feeds = args.feeds or ((["ndp-gpu-packed"] if has_gpu else []) + DEFAULT_FEEDS)
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": "python benchmarks/train_gpt2.py " + " ".join(argv or sys.argv[1:]),
               "machine": machine(), "config": {k: v for k, v in cfg.items() if k != "tokenizer"},
               "model": MODELS[cfg["model"]], "rows": rows}
-    from ndp.atomic import atomic_write
+    from ndp.store.atomic import atomic_write
 
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"train-gpt2-{dt.datetime.now():%Y%m%d-%H%M%S}.json"

@@ -8,19 +8,19 @@ Three layouts, all written into caller-owned int64 arrays:
 * packed (pretraining): the tokens of the rows, concatenated in order, read as one stream; window
   ``w`` is ``stream[start + w*T : start + w*T + T + 1]`` split into ``x[w] = window[:-1]`` and
   ``y[w] = window[1:]`` (``y`` is -100 where that token's mask bit is 0).
-* packing (SFT, packed rows): documents laid end to end in rows (placed by ``ndp.packing``):
+* packing (SFT, packed rows): documents laid end to end in rows (placed by ``ndp.loader.packing``):
   per document its tokens, labels (-100 at its first token, so no document learns to predict
   the next one's start), attention 1 and ``position_ids`` from 0; padding elsewhere.
 
 Callers pass only packets whose verdict is OK (``verdict``); layouts are read from the packet
 header again here, so each row is independent. Every function takes ``lo, hi`` last: the range
-of rows (windows) it fills, so ``ndp.threads.parallel_for`` can split the work.
+of rows (windows) it fills, so ``ndp.engine.threads.parallel_for`` can split the work.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from ndp.format import (
+from ndp.wire.format import (
     HEADER_BYTES,
     IGNORE_INDEX,
     MASK_COUNT_BYTES,
@@ -28,7 +28,7 @@ from ndp.format import (
     TYP_WIDTH_TABLE,
 )
 from ndp.kernels._jit import cpu_kernel
-from ndp.threads import parallel_for
+from ndp.engine.threads import parallel_for
 
 #: tokens per thread at least: a hand-off to a worker costs ~100 us on a busy 2-core machine, so a
 #: part must hold a few hundred microseconds of work (a single 64 x 1024 batch stays in one thread)

@@ -10,8 +10,8 @@ training arrays, one thread per output token.
 * ``build_packing_cuda``: a block per row, a thread per column; each finds the document that
   covers its column by binary search over the row's documents, or writes padding.
 
-The host lays the rows out from the verdicts (``ndp.layout``) before it launches these, so one
-launch builds every batch of a chunk. Reads trust only what validation proved: rows are packets
+The host lays the rows out from the verdicts (``ndp.loader.layout``) before it launches these, so
+one launch builds every batch of a chunk. Reads trust only what validation proved: rows are packets
 whose frame and payload layout fit inside their shard; writes are bounded by the output shapes.
 """
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from numba import cuda, int64
 
-from ndp.backend import simulated
-from ndp.format import IGNORE_INDEX
+from ndp.engine.backend import simulated
+from ndp.wire.format import IGNORE_INDEX
 from ndp.kernels.build import in_loss, token_at, token_layout
 
 #: threads per block of the build kernels. Under the simulator one: its threads are Python

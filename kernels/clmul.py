@@ -38,7 +38,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ndp.format import CRC16_POLY
+from ndp.wire.format import CRC16_POLY
 from ndp.kernels._jit import cpu_kernel
 
 

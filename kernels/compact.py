@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ndp.format import DropReason
+from ndp.wire.format import DropReason
 from ndp.kernels._jit import cpu_kernel
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ndp.format import (
+from ndp.wire.format import (
     CRC16_INIT,
     CRC16_POLY,
     HEADER_BYTES,
@@ -38,7 +38,7 @@ from ndp.format import (
 )
 from ndp.kernels._jit import cpu_kernel
 from ndp.kernels.clmul import CLMUL_MIN_BYTES, HAS_CLMUL, crc16_update_clmul
-from ndp.threads import parallel_for
+from ndp.engine.threads import parallel_for
 
 _OK = np.uint8(DropReason.OK)
 _BAD_SYNC = np.uint8(DropReason.BAD_SYNC)
@@ -218,7 +218,7 @@ def validate_packets_cpu(shard: np.ndarray, offsets: np.ndarray, status: np.ndar
     """Write a ``DropReason`` code per packet into ``status`` (uint8, same length as offsets).
 
     ``shard`` is the whole shard as uint8; ``offsets`` (int64) point at packet starts. Packets
-    are checked in parallel on ndp's host threads (``ndp.threads``). Synchronous; allocates
+    are checked in parallel on ndp's host threads (``ndp.engine.threads``). Synchronous; allocates
     nothing.
     """
     parallel_for(_validate_packets, offsets.shape[0], shard, offsets, status, CRC16_TABLES,
@@ -234,7 +234,7 @@ def crc16_cpu(data: np.ndarray, crc: int = CRC16_INIT) -> int:
 def scan_frames(data, pos, tables, known_typ, offsets, bad_off, bad_len, bad_reason):  # pragma: no cover
     """Framing scan from byte ``pos``: offsets of packets that frame and pass their CRC, and
     corrupt regions (offset, length, first failure) between them. Stops when the output
-    arrays are full; returns (packets, regions, next position). See ``ndp.index``."""
+    arrays are full; returns (packets, regions, next position). See ``ndp.store.index``."""
     size = data.shape[0]
     n_ok = 0
     n_bad = 0

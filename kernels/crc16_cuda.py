@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from numba import cuda, int64, uint8, uint32
 
-from ndp.format import FRAME_BYTES, HEADER_BYTES, SYNC, DropReason
+from ndp.wire.format import FRAME_BYTES, HEADER_BYTES, SYNC, DropReason
 from ndp.kernels.crc16 import crc16_update, payload_status
 
 OK = int(DropReason.OK)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ndp.format import FRAME_BYTES
+from ndp.wire.format import FRAME_BYTES
 from ndp.kernels._jit import cpu_kernel
-from ndp.threads import parallel_for
+from ndp.engine.threads import parallel_for
 
 #: packets per thread at least (a packet of 1,024 int32 tokens is a 4 KB copy)
 GATHER_GRAIN = 512

@@ -20,13 +20,15 @@ running past its shard's end is TRUNCATED even if other bytes follow in the buff
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from ndp.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
+from ndp.wire.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
 from ndp.kernels._jit import cpu_kernel
 from ndp.kernels.build import token_layout
 from ndp.kernels.crc16 import CRC16_TABLES, VALIDATE_GRAIN, packet_status
-from ndp.threads import parallel_for
+from ndp.engine.threads import parallel_for
 
 OK = int(DropReason.OK)
 EMPTY = int(DropReason.EMPTY)
@@ -109,3 +111,28 @@ def status_of(verdicts: np.ndarray) -> np.ndarray:
 def tokens_of(verdicts: np.ndarray) -> np.ndarray:
     """Tokens each packet contributes (0 for dropped ones)."""
     return np.maximum(verdicts, 0)
+
+
+_N_REASONS = len(DropReason)
+_NAMES = [DropReason(c).name for c in range(_N_REASONS)]
+
+
+def count(verdicts: np.ndarray) -> dict[str, Any]:
+    """Packets, valid ones and drops by reason, for ``LoaderStats.add``."""
+    return count_segments(verdicts, np.array([0, verdicts.shape[0]]))[0]
+
+
+def count_segments(verdicts: np.ndarray, bounds: np.ndarray) -> list[dict[str, Any]]:
+    """``count`` of each segment ``verdicts[bounds[i]:bounds[i + 1]]`` (one pass for all)."""
+    n_seg = bounds.shape[0] - 1
+    if n_seg <= 0:
+        return []
+    a, b = int(bounds[0]), int(bounds[-1])
+    seg = np.repeat(np.arange(n_seg), np.diff(bounds))
+    codes = np.bincount(seg * _N_REASONS + status_of(verdicts[a:b]),
+                        minlength=n_seg * _N_REASONS).reshape(n_seg, _N_REASONS).tolist()
+    out = []
+    for row in codes:
+        corrupt = {_NAMES[c]: k for c, k in enumerate(row) if k and c != DropReason.OK}
+        out.append({"packets": sum(row), "valid": row[DropReason.OK], "corrupt": corrupt})
+    return out

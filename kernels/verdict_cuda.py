@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from numba import cuda, int64, uint32
 
-from ndp.backend import simulated
-from ndp.format import DropReason
+from ndp.engine.backend import simulated
+from ndp.wire.format import DropReason
 from ndp.kernels.build_cuda import token_at_dev, token_layout_dev
 from ndp.kernels.crc16_cuda import packet_status_dev
 from ndp.kernels.verdict import EMPTY, TOKEN_RANGE, verdict_of

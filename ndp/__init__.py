@@ -1,10 +1,10 @@
 """ndp: the Neural Datagram Protocol data loader.
 
-The wire format is specified in ``ndp.format``. The core produces NumPy arrays; torch and other
+The wire format is specified in ``ndp.wire.format``. The core produces NumPy arrays; torch and other
 DLPack consumers are adapted to elsewhere, so importing ndp does not import torch.
 """
 
-from ndp.decode import (
+from ndp.engine.reference import (
     DecodeStats,
     PackedBatch,
     PaddedBatch,
@@ -14,10 +14,10 @@ from ndp.decode import (
     decode_padded,
     validate,
 )
-from ndp.backend import resolve_backend
-from ndp.corpus import Corpus
-from ndp.dataset import NDPDataset, QubGPUDataset
-from ndp.decoder import CpuDecoder, Decoder
+from ndp.engine.backend import resolve_backend
+from ndp.store.corpus import Corpus
+from ndp.adapters.dataset import NDPDataset, QubGPUDataset
+from ndp.engine.decoder import CpuDecoder, Decoder
 from ndp.errors import (
     CacheFullError,
     ConfigError,
@@ -34,12 +34,13 @@ from ndp.errors import (
     TokenizerError,
     UnsupportedVersionError,
 )
-from ndp.format import DropReason, Dst, Src, Typ, max_tokens_per_packet
-from ndp.index import Index, build_index, load_index, scan, scan_shard
-from ndp.loader import Loader, LoaderStats
-from ndp.packet import Packet, crc16_ccitt, decode_packet, encode_packet, encode_tokens
-from ndp.remote import RemoteDataset
-from ndp.shard import Shard, ShardWriter
+from ndp.wire.format import DropReason, Dst, Src, Typ, max_tokens_per_packet
+from ndp.store.index import Index, build_index, load_index, scan, scan_shard
+from ndp.loader.loader import Loader, LoaderStats
+from ndp.wire.packet import Packet, crc16_ccitt, decode_packet, encode_packet, encode_tokens
+from ndp.store.remote import RemoteDataset
+from ndp.store.shard import Shard
+from ndp.store.writer import ShardWriter
 
 __version__ = "0.1.0"
 

@@ -2,7 +2,7 @@
 
 A message names a Python API parameter in single backticks, alone or with the value to pass
 (`max_skipped`, `overwrite=True`, `version=2`): the command line shows the option that sets it
-instead (``--max-skipped``, ``--overwrite``, ``--version 2``: ``ndp.cli.OPTIONS``).
+instead (``--max-skipped``, ``--overwrite``, ``--version 2``: ``ndp.cli.main.OPTIONS``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class UnsupportedVersionError(ShardFormatError):
 
 
 class ShardChangedError(NDPError, OSError):
-    """A shard was cut, replaced or deleted while ndp read it (``ndp.files``): the message
+    """A shard was cut, replaced or deleted while ndp read it (``ndp.store.files``): the message
     names the file, what was asked of it and what it is now."""
 
 
@@ -69,7 +69,7 @@ class ConfigError(NDPError, ValueError):
 class ManifestError(ConfigError):
     """A directory of shards is not the whole dataset its manifest ``ndp.json`` lists (no
     manifest, a listed shard missing or of another size, a shard it does not list): see
-    ``ndp.manifest``."""
+    ``ndp.store.manifest``."""
 
 
 class LoaderStateError(ConfigError):
@@ -99,11 +99,11 @@ class TokenFileError(NDPError):
 class RemoteError(NDPError, OSError):
     """Object storage refused or failed a request for good (an object missing, access denied,
     an object that is not what the dataset's manifest says, or transient errors past the
-    retries): the message names the URL and what to do (``ndp.remote``)."""
+    retries): the message names the URL and what to do (``ndp.store.remote``)."""
 
 
 class CacheFullError(ConfigError):
-    """The shard cache (``cache_dir``/``cache_limit``, ``ndp.cache``) cannot hold the shards
+    """The shard cache (``cache_dir``/``cache_limit``, ``ndp.store.cache``) cannot hold the shards
     the loaders using it need at once: the message names the limit and the size needed."""
 
 

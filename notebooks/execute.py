@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE.parent / "benchmarks"))
     from results_dir import default_out
 
-    from ndp.atomic import atomic_write
+    from ndp.store.atomic import atomic_write
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", metavar="NOTEBOOK",

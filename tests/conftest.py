@@ -34,9 +34,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from ndp.format import FRAME_BYTES, Typ
-from ndp.packet import encode_packet, encode_tokens
-from ndp.shard import ShardWriter, encode_shard_header
+from ndp.wire.format import FRAME_BYTES, Typ
+from ndp.wire.packet import encode_packet, encode_tokens
+from ndp.store.shard import encode_shard_header
+from ndp.store.writer import ShardWriter
 
 # one profile for the whole suite: small, deterministic, no deadline (the first call of a Numba
 # kernel may load compiled code from the cache)
@@ -61,7 +62,7 @@ sys.modules.setdefault("ndp_test_helpers", sys.modules[__name__])
 
 def pytest_collection_modifyitems(config, items):
     """Skip ``gpu`` tests, saying why, unless a real CUDA device can be used."""
-    from ndp.backend import cuda_unavailable_reason, simulated
+    from ndp.engine.backend import cuda_unavailable_reason, simulated
 
     reason = "running under the Numba CUDA simulator" if simulated() else cuda_unavailable_reason()
     if reason is None:

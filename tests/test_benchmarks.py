@@ -52,7 +52,7 @@ def test_gpu_loader_benchmark_smoke_run_under_the_simulator(tmp_path):
         if name.startswith("ndp_cuda"):
             assert row["backend"] == "cuda" and row["chunk_batches"] == 64
             # the run is short: chunks still ramping up (1, 2, 4, ... batches) count here; the
-            # steady-state bounds are tests/test_counters.py's
+            # steady-state bounds are tests/engine/test_counters.py's
             assert 0 < row["per_batch"]["launches"] <= 2 and row["per_batch"]["host_waits"] <= 1
     assert set(report["targets_met"]) == set(report["targets"])
 
@@ -138,7 +138,7 @@ def test_every_ndp_pipeline_of_the_loader_comparison_names_a_real_backend():
     once asked for backend='gpu', which the Loader refuses."""
     import importlib
 
-    from ndp.backend import BACKENDS
+    from ndp.engine.backend import BACKENDS
 
     sys.path.insert(0, str(BENCH))
     try:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ndp.cli import main
-from ndp.demo import stdlib_files, train_tokenizer
+from ndp.cli.main import main
+from ndp.cli.demo import stdlib_files, train_tokenizer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

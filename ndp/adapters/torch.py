@@ -2,7 +2,7 @@
 
 Device arrays go through ``torch.from_dlpack``, which passes torch's current stream to
 ``DeviceArray.__dlpack__``: that stream is ordered after ndp's kernels, and ndp waits for the
-work queued on it before it writes the same ring buffer again (``ndp.device``). Host arrays
+work queued on it before it writes the same ring buffer again (``ndp.engine.device``). Host arrays
 (the ``cpu`` backend) become tensors over the same memory with ``torch.from_numpy``. Either way
 the tensors alias the decoder's ring: they stay valid until ``ring`` more batches are decoded;
 ``.clone()`` what must live longer.
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ndp.decode import PackedBatch, PaddedBatch
+from ndp.engine.reference import PackedBatch, PaddedBatch
 
 PADDED_FIELDS = ("input_ids", "labels", "attention_mask")
 PACKED_FIELDS = ("x", "y")

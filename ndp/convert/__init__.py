@@ -2,7 +2,7 @@
 files to NDP shards (``ndp convert``)."""
 
 from ndp.convert.pipeline import ConvertOptions, ConvertSummary, convert
-from ndp.manifest import MANIFEST
+from ndp.store.manifest import MANIFEST
 from ndp.convert.records import Example, to_example
 from ndp.convert.tokenizer import load_tokenizer
 

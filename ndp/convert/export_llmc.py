@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ndp.atomic import AtomicFile, fsync_dir
+from ndp.store.atomic import AtomicFile, fsync_dir
 from ndp.convert.tokenfiles import (
     LLMC_HEADER_WORDS,
     LLMC_MAGIC,
@@ -27,7 +27,7 @@ from ndp.convert.tokenfiles import (
     llmc_document_words,
 )
 from ndp.errors import ConfigError, PacketError
-from ndp.format import (
+from ndp.wire.format import (
     FRAME_BYTES,
     HEADER_BYTES,
     MASK_COUNT_BYTES,
@@ -85,7 +85,7 @@ def _token_packets(shard, index) -> tuple[np.ndarray, int]:
     """Index entries of ``shard``'s token packets, after validating every packet: a corrupt one
     raises ``PacketError`` naming the shard and byte offset. Also the count of valid packets
     that carry no tokens."""
-    from ndp.decode import validate
+    from ndp.engine.reference import validate
 
     offsets = index.offsets
     ends = offsets + FRAME_BYTES + index.entries["length"].astype(np.int64)
@@ -199,7 +199,7 @@ def _manifest_documents(manifest: dict) -> tuple[int | None, str] | None:
 def _document_rule(data, manifests: list[dict]) -> tuple[int | None, str] | None:
     """The document rule of every dataset in ``data``, or None if one is not known (a shard
     named directly, without its manifest) or they differ."""
-    from ndp.remote import is_url
+    from ndp.store.remote import is_url
 
     items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
     if any(not is_url(i) and not Path(i).is_dir() for i in items) or \
@@ -228,9 +228,9 @@ def export_llmc(
     last one shorter) named ``<output minus .bin>_000000.bin``, ``_000001.bin``, ...
     Existing files of those names, or numbered files of an earlier export beside them, are an
     error unless ``overwrite`` (which also removes such stale numbered files). A dataset URL
-    is read through the shard cache (``ndp.remote``: ``storage_options``, ``cache_dir``).
+    is read through the shard cache (``ndp.store.remote``: ``storage_options``, ``cache_dir``).
     """
-    from ndp.corpus import Corpus
+    from ndp.store.corpus import Corpus
 
     if version not in ("auto", 1, 2):
         raise ConfigError(f"llm.c `version` must be 'auto', 1 or 2, got {version!r}")

@@ -7,11 +7,11 @@ from dataclasses import asdict, dataclass, field
 
 from ndp.convert.records import SCHEMAS
 from ndp.errors import ConvertError
-from ndp.format import Dst, Src
+from ndp.wire.format import Dst, Src
 
 log = logging.getLogger("ndp.convert")
 #: what happens to an example longer than ``max_tokens``: ``truncate`` keeps its first tokens,
-#: ``split`` continues it in further packets (``ndp.format``), ``auto`` (the default) splits
+#: ``split`` continues it in further packets (``ndp.wire.format``), ``auto`` (the default) splits
 #: pretraining documents (the ``text`` schema: cutting them loses data, e.g. 10% of a
 #: FineWeb-like Parquet at 2,048 tokens) and truncates SFT examples (chat, prompt/completion,
 #: alpaca: a continuation packet would train on an answer without its prompt)
@@ -72,7 +72,7 @@ class ConvertOptions:
     max_skipped: float = 0.01
     #: the split of a save_to_disk DatasetDict or of an ``hf:`` dataset
     hf_split: str = "train"
-    #: fsspec's options for an output URL (``ndp.upload``)
+    #: fsspec's options for an output URL (``ndp.store.upload``)
     storage_options: dict | None = None
 
 

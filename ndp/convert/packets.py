@@ -29,10 +29,10 @@ from ndp.convert.records import KNOWN_FIELDS, Example, to_example
 from ndp.convert.sources import read_inputs
 from ndp.convert.tokenizer import chat_renderer, load_tokenizer, tokenize_examples, tokenizer_info
 from ndp.errors import ConfigError, RecordError
-from ndp.format import max_tokens_per_packet, token_typ
-from ndp.packet import encode_tokens
-from ndp.remote import is_url
-from ndp.shard import ShardWriter
+from ndp.wire.format import max_tokens_per_packet, token_typ
+from ndp.wire.packet import encode_tokens
+from ndp.store.remote import is_url
+from ndp.store.writer import ShardWriter
 
 
 class PacketMaker:

@@ -1,17 +1,17 @@
 """The converter: input files -> tokenized examples -> packets -> shards with indexes.
 
-Records are read in order, tokenized in batches (the fast tokenizer encodes a batch on every
-core), cut to ``max_tokens`` (``overflow``: by default a plain-text document is split over
-consecutive packets and an SFT example truncated, see ``ndp.format``) and written as packets by
-an atomic ``ShardWriter``. A bad record is skipped and counted under its reason (default) or
-stops the run (``strict``, which also refuses fields no schema has instead of ignoring them).
-A run that would write no example, or skip more than ``max_skipped`` of its records, raises
-``ConvertError`` and commits nothing; one whose truncation cuts more than ``TRUNCATION_WARN``
-of the tokens says so loudly, with the options that keep them. The dataset is built beside ``output`` and swapped in whole once
-its manifest ``ndp.json`` (the commit record, ``ndp.manifest``) is written: a run killed at any
-moment leaves ``output`` as it was (nothing, or the old dataset when overwriting), never part
-of a dataset. An output URL (``s3://bucket/prefix/``) gets each shard uploaded as it is
-finished and the manifest last (``ndp.upload``).
+Records are read in order, tokenized in batches (the fast tokenizer encodes a batch on every core),
+cut to ``max_tokens`` (``overflow``: by default a plain-text document is split over consecutive
+packets and an SFT example truncated, see ``ndp.wire.format``) and written as packets by an atomic
+``ShardWriter``. A bad record is skipped and counted under its reason (default) or stops the run
+(``strict``, which also refuses fields no schema has instead of ignoring them). A run that would
+write no example, or skip more than ``max_skipped`` of its records, raises ``ConvertError`` and
+commits nothing; one whose truncation cuts more than ``TRUNCATION_WARN`` of the tokens says so
+loudly, with the options that keep them. The dataset is built beside ``output`` and swapped in whole
+once its manifest ``ndp.json`` (the commit record, ``ndp.store.manifest``) is written: a run killed
+at any moment leaves ``output`` as it was (nothing, or the old dataset when overwriting), never part
+of a dataset. An output URL (``s3://bucket/prefix/``) gets each shard uploaded as it is finished and
+the manifest last (``ndp.store.upload``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from ndp.convert.options import (
 from ndp.convert.packets import PacketMaker
 from ndp.convert.sources import expand_inputs, input_size
 from ndp.progress import progress_bar
-from ndp.shard import ShardWriter
-from ndp.upload import dataset_output
+from ndp.store.writer import ShardWriter
+from ndp.store.upload import dataset_output
 
 __all__ = ["ConvertOptions", "ConvertSummary", "convert"]
 

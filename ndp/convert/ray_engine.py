@@ -15,7 +15,7 @@ bar over the input bytes), checks the totals as the local converter does (``max_
 truncation), then writes one manifest: the commit.
 
 Output: a local directory (written by the tasks in place, so on a cluster it must be a shared
-filesystem) or a URL (each task uploads its shards as it finishes them, ``ndp.upload``; the
+filesystem) or a URL (each task uploads its shards as it finishes them, ``ndp.store.upload``; the
 driver uploads the manifest last). Parallelism is across input files: split one huge file
 before converting it.
 """
@@ -41,11 +41,11 @@ from ndp.convert.options import (
 from ndp.convert.packets import PacketMaker
 from ndp.convert.sources import expand_inputs, input_size
 from ndp.errors import ConfigError
-from ndp.format import SHARD_VERSION
-from ndp.manifest import shard_entry, staged_output, write_manifest
+from ndp.wire.format import SHARD_VERSION
+from ndp.store.manifest import shard_entry, staged_output, write_manifest
 from ndp.progress import progress_bar
-from ndp.remote import is_url
-from ndp.shard import ShardWriter
+from ndp.store.remote import is_url
+from ndp.store.writer import ShardWriter
 
 _COUNTS = ("examples", "packets", "tokens", "truncated", "truncated_tokens", "split",
            "input_bytes")
@@ -69,7 +69,7 @@ class _ConvertFile:
         remote = is_url(self.target)
         with contextlib.ExitStack() as stack:
             if remote:
-                from ndp.upload import RemoteOutput
+                from ndp.store.upload import RemoteOutput
 
                 local = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ndp-")))
                 uploader = RemoteOutput(self.target, storage_options=self.opts.storage_options,
@@ -121,7 +121,7 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
     logging.getLogger("ray.data").setLevel(logging.ERROR)
     with contextlib.ExitStack() as stack:
         if is_url(output):
-            from ndp.upload import RemoteOutput
+            from ndp.store.upload import RemoteOutput
 
             uploader = RemoteOutput(str(output), storage_options=opts.storage_options,
                                     overwrite=opts.overwrite)

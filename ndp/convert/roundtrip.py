@@ -15,15 +15,15 @@ from typing import Iterator
 import numpy as np
 
 from ndp.convert.options import overflow_rule
-from ndp.manifest import MANIFEST
+from ndp.store.manifest import MANIFEST
 from ndp.convert.records import to_example
 from ndp.convert.sources import read_inputs
 from ndp.convert.tokenizer import chat_renderer, load_tokenizer
-from ndp.decode import PaddedBuffers, decode_padded
+from ndp.engine.reference import PaddedBuffers, decode_padded
 from ndp.errors import NDPError, RecordError
-from ndp.format import IGNORE_INDEX
-from ndp.index import load_index
-from ndp.shard import Shard
+from ndp.wire.format import IGNORE_INDEX
+from ndp.store.index import load_index
+from ndp.store.shard import Shard
 
 
 class RoundTripError(NDPError):

@@ -168,7 +168,7 @@ def read_inputs(inputs: list[Input], *, text_unit: str = "file",
 def _read_remote(item: RemoteInput, text_unit: str, split: str) -> Iterator[Item]:
     """The records of a file in object storage, read from a local copy (the records named by
     the URL, as the local file's would be by its path)."""
-    from ndp.remote import filesystem, with_retries
+    from ndp.store.remote import filesystem, with_retries
 
     fs, path = filesystem(item.url, item.storage_options)
     with tempfile.TemporaryDirectory(prefix="ndp-input-") as tmp:
@@ -185,7 +185,7 @@ def _read_remote(item: RemoteInput, text_unit: str, split: str) -> Iterator[Item
 
 def _expand_url(url: str, storage_options: dict | None) -> list[RemoteInput]:
     """The files at ``url`` (a file, or every file under a prefix, in sorted order)."""
-    from ndp.remote import filesystem, with_retries
+    from ndp.store.remote import filesystem, with_retries
 
     fs, path = filesystem(url, storage_options)
     scheme = url.split("://", 1)[0]
@@ -203,7 +203,7 @@ def expand_inputs(inputs: list[str | os.PathLike | RemoteInput], *,
     directories walked recursively in sorted order (a ``save_to_disk`` folder inside one is
     one input); a URL (``s3://bucket/in/``, read with ``storage_options``) is its files, or
     every file under it in sorted order."""
-    from ndp.remote import is_url
+    from ndp.store.remote import is_url
 
     out: list[Input] = []
     for given in inputs:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ndp.remote import is_url
-from ndp.upload import dataset_output
+from ndp.store.remote import is_url
+from ndp.store.upload import dataset_output
 from ndp.convert.sources import expand_inputs
 from ndp.convert.tokenfiles import (
     DEFAULT_SPLIT,
@@ -26,16 +26,16 @@ from ndp.convert.tokenfiles import (
     read_token_file,
 )
 from ndp.errors import ConfigError, TokenFileError
-from ndp.format import (
+from ndp.wire.format import (
     SHARD_VERSION,
     Dst,
     Src,
     max_tokens_per_packet,
     token_typ,
 )
-from ndp.packet import encode_tokens
+from ndp.wire.packet import encode_tokens
 from ndp.progress import progress_bar
-from ndp.shard import ShardWriter
+from ndp.store.writer import ShardWriter
 
 log = logging.getLogger("ndp.convert")
 

@@ -56,7 +56,7 @@ document too, and a file boundary is a document boundary. Without ``eos_token_id
 50256 for llm.c version 1 (GPT-2's EOT) and 128000 for llm.c Llama-3 (``<|begin_of_text|>``);
 other files are not cut. Documents are never reordered or dropped, so the packets' tokens,
 concatenated, are the input files' tokens, concatenated. A document longer than one packet
-continues in consecutive packets (the *split* rule of ``ndp.format``).
+continues in consecutive packets (the *split* rule of ``ndp.wire.format``).
 
 An llm.c file whose header records a document rule (ndp's export, above) is cut by it instead of
 the defaults; ``eos_token_id`` and ``split`` passed to the converter win over both.

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ndp.adapters.torch import tensor, to_torch
-from ndp.decoder import Decoder
-from ndp.format import IGNORE_INDEX
+from ndp.engine.decoder import Decoder
+from ndp.wire.format import IGNORE_INDEX
 
 from ndp_test_helpers import drop_case
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ndp.demo import stdlib_files, train_tokenizer
+from ndp.cli.demo import stdlib_files, train_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A dataset exists only once its manifest is written (ndp.manifest): ``ndp convert`` killed
+"""A dataset exists only once its manifest is written (ndp.store.manifest): ``ndp convert`` killed
 with SIGKILL at random moments never leaves something a reader accepts as a dataset unless it
 is the whole one, and ``--overwrite`` killed leaves the old dataset whole; ``ndp verify`` and
 the Loader refuse a directory that is not the dataset its manifest lists.
@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ndp.cli import main
-from ndp.demo import stdlib_files
+from ndp.cli.main import main
+from ndp.cli.demo import stdlib_files
 from ndp.errors import ConfigError, ManifestError
-from ndp.loader import Loader
-from ndp.manifest import MANIFEST, read_manifest
+from ndp.loader.loader import Loader
+from ndp.store.manifest import MANIFEST, read_manifest
 
-CLI = "import sys; from ndp.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from ndp.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _jsonl(path: Path, files: int, offset: int = 0) -> Path:

@@ -9,12 +9,12 @@ import pytest
 
 from ndp.convert import MANIFEST, ConvertOptions, convert
 from ndp.convert.roundtrip import check_roundtrip
-from ndp.decode import decode_padded
+from ndp.engine.reference import decode_padded
 from ndp.errors import ConfigError, RecordError, TokenizerError
-from ndp.format import IGNORE_INDEX, Src, Typ
-from ndp.index import load_index
-from ndp.packet import decode_packet
-from ndp.shard import Shard
+from ndp.wire.format import IGNORE_INDEX, Src, Typ
+from ndp.store.index import load_index
+from ndp.wire.packet import decode_packet
+from ndp.store.shard import Shard
 
 
 def write_jsonl(path, records: list):
@@ -172,7 +172,7 @@ def test_max_tokens_up_to_a_packets_capacity_masked_examples_to_theirs(tmp_path,
 
 
 def tokens_of_index(index) -> list[int]:
-    from ndp.corpus import tokens_of
+    from ndp.store.corpus import tokens_of
 
     return tokens_of(index.entries["length"], index.entries["typ"]).tolist()
 

@@ -9,14 +9,14 @@ import json
 import numpy as np
 import pytest
 
-from ndp.cli import main
+from ndp.cli.main import main
 from ndp.convert import ConvertOptions, convert
 from ndp.convert.export_llmc import export_llmc
 from ndp.convert.token_import import convert_token_files
 from ndp.convert.tokenfiles import LLMC_HEADER_WORDS, read_llmc
-from ndp.corpus import Corpus
+from ndp.store.corpus import Corpus
 from ndp.errors import TokenFileError
-from ndp.packet import decode_packet
+from ndp.wire.packet import decode_packet
 
 #: the last documents are longer than the packets the text conversion writes (--max-tokens 40)
 TEXTS = [f"def f{k}(x):\n    return x * {k}\n" * (1 + k % 4) for k in range(30)] + \

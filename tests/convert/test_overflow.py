@@ -13,7 +13,7 @@ import logging
 import numpy as np
 import pytest
 
-from ndp.cli import main
+from ndp.cli.main import main
 from ndp.convert import MANIFEST, ConvertOptions, convert
 from ndp.convert.options import overflow_rule
 from ndp.convert.roundtrip import check_roundtrip
@@ -29,8 +29,8 @@ def write_jsonl(path, records):
 
 
 def packet_tokens(out_dir) -> list[list[int]]:
-    from ndp.corpus import Corpus
-    from ndp.packet import decode_packet
+    from ndp.store.corpus import Corpus
+    from ndp.wire.packet import decode_packet
 
     corpus = Corpus(out_dir)
     return [decode_packet(s.data, int(o)).tokens.tolist()
@@ -107,7 +107,7 @@ def test_the_truncation_warning_says_what_was_cut_and_what_keeps_it(tmp_path, to
 
 
 def test_the_command_line_defaults_to_auto(tmp_path, tokenizer_dir, capsys):
-    from ndp.cli import build_parser
+    from ndp.cli.main import build_parser
 
     convert_help = build_parser()._subparsers._group_actions[0].choices["convert"].format_help()
     assert "{auto,truncate,split}" in convert_help and "plain-text documents" in convert_help

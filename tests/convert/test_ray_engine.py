@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from ndp.convert import ConvertOptions, convert
-from ndp.corpus import Corpus
-from ndp.demo import stdlib_files
-from ndp.loader import Loader
+from ndp.store.corpus import Corpus
+from ndp.cli.demo import stdlib_files
+from ndp.loader.loader import Loader
 
 ray = pytest.importorskip("ray")
 from ndp.convert.ray_engine import convert_ray  # noqa: E402

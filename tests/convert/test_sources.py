@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from ndp.cli import main
+from ndp.cli.main import main
 from ndp.convert import MANIFEST, ConvertOptions, convert
 from ndp.convert.sources import read_inputs
 from ndp.errors import ConfigError, ConvertError, InputError, RecordError
@@ -46,9 +46,9 @@ def opts(**kw):
 
 def stream(out_dir) -> list[tuple]:
     """Every packet of a converted dataset, in order (its tokens and mask)."""
-    from ndp.packet import decode_packet
-    from ndp.index import load_index
-    from ndp.shard import Shard
+    from ndp.wire.packet import decode_packet
+    from ndp.store.index import load_index
+    from ndp.store.shard import Shard
 
     manifest = json.loads((out_dir / MANIFEST).read_text())
     got = []

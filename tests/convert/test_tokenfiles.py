@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from ndp_test_helpers import ramp, ramp_mask, write_shards
 
-from ndp.cli import main
+from ndp.cli.main import main
 from ndp.convert import MANIFEST
 from ndp.convert.export_llmc import export_llmc
 from ndp.convert.token_import import convert_token_files
@@ -25,13 +25,13 @@ from ndp.convert.tokenfiles import (
     read_llmq,
     read_raw_u16,
 )
-from ndp.corpus import Corpus
-from ndp.decode import decode_padded
+from ndp.store.corpus import Corpus
+from ndp.engine.reference import decode_padded
 from ndp.errors import ConfigError, PacketError, TokenFileError
-from ndp.format import Typ, max_tokens_per_packet
-from ndp.index import build_index
-from ndp.packet import encode_tokens
-from ndp.shard import Shard
+from ndp.wire.format import Typ, max_tokens_per_packet
+from ndp.store.index import build_index
+from ndp.wire.packet import encode_tokens
+from ndp.store.shard import Shard
 
 EOT = 50256  # GPT-2's <|endoftext|>, llm.c version 1's default
 EOS = 7  # no ramp document (k >= 1) holds id 7

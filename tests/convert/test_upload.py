@@ -1,4 +1,4 @@
-"""ndp.upload: ``ndp convert ... s3://bucket/prefix/`` (moto's S3 server on 127.0.0.1): the
+"""ndp.store.upload: ``ndp convert ... s3://bucket/prefix/`` (moto's S3 server on 127.0.0.1): the
 shards uploaded as they are finished and the manifest last, the dataset read back from the URL
 equal to the same conversion on disk; an existing dataset kept unless --overwrite; a failed
 upload commits nothing."""
@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from ndp.demo import stdlib_files
+from ndp.cli.demo import stdlib_files
 from ndp.errors import ManifestError
-from ndp.loader import Loader
+from ndp.loader.loader import Loader
 
 SHARD_MB = "0.07"  # shards of ~73 KB: several of them
 

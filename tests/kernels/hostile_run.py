@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for conf
 
 import conftest as helpers  # noqa: E402
 
-from ndp.decode import StreamExhausted  # noqa: E402
-from ndp.decoder import CpuDecoder  # noqa: E402
-from ndp.gpu_decode import CudaDecoder  # noqa: E402
+from ndp.engine.reference import StreamExhausted  # noqa: E402
+from ndp.engine.decoder import CpuDecoder  # noqa: E402
+from ndp.engine.cuda_decoder import CudaDecoder  # noqa: E402
 
 
 def host(array) -> np.ndarray:

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numba import cuda
 
-from ndp.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
-from ndp import packing
+from ndp.wire.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
+from ndp.loader import packing
 from ndp.kernels import build_cuda, verdict_cuda
 from ndp.kernels.build import build_packed_cpu, build_packing_cpu, build_padded_cpu
 from ndp.kernels.crc16 import CRC16_TABLES, validate_packets_cpu
@@ -157,7 +157,7 @@ def test_build_packed_matches_reference(windows, seq_len, start):
 
 @pytest.mark.parametrize("rows_per_batch,row_len", [(2, 9), (3, 16)])
 def test_build_packing_matches_reference(rows_per_batch, row_len):
-    """Documents (some masked, some longer than a row, some empty) placed by ``ndp.packing``
+    """Documents (some masked, some longer than a row, some empty) placed by ``ndp.loader.packing``
     over two batches' rows; every row holds padding after its documents."""
     data, offs = _stream_case()
     rows, tokens = _rows(data, offs)

@@ -13,9 +13,9 @@ import binascii
 import numpy as np
 import pytest
 
-from ndp.format import IGNORE_INDEX, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
+from ndp.wire.format import IGNORE_INDEX, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
 from ndp.kernels.build import copy_ids, copy_labels, fill, in_loss, token_at, token_layout
-from ndp.format import CRC16_POLY
+from ndp.wire.format import CRC16_POLY
 from ndp.kernels import clmul
 from ndp.kernels.crc16 import (
     CLMUL_FROM_BYTES,
@@ -25,7 +25,7 @@ from ndp.kernels.crc16 import (
     crc16_update_tables,
 )
 from ndp.kernels.verdict import EMPTY, OK, TOKEN_RANGE, largest_id, usable
-from ndp.packet import encode_tokens
+from ndp.wire.packet import encode_tokens
 
 RNG = np.random.default_rng(20261123)
 

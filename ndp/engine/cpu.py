@@ -1,0 +1,190 @@
+"""The decode primitives of a backend, on the buffers of a ring slot: verdicts, and the padded,
+packed and packing builds (``ndp.kernels``). ``CpuEngine`` runs the CPU kernels on host arrays;
+``ndp.engine.cuda.CudaEngine`` launches the CUDA kernels on its streams. Both have the same methods
+and write the same values, so everything around them (``ndp.loader.layout``, ``ndp.loader.chunks``,
+``ndp.loader.serve``) is backend-agnostic.
+
+A ``Slot`` holds one chunk's buffers: scratch (the packets' offsets, their verdicts, the build
+plan) and outputs, each allocated once and grown by powers of two, so a steady loop allocates
+nothing. ``Slot.generation`` changes whenever an output is reallocated, so whoever wrapped the
+outputs (``ndp.loader.serve``) knows to wrap them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ndp.engine.counters import Counters
+from ndp.errors import ConfigError
+from ndp.wire.format import DropReason
+from ndp.kernels.build import build_packed_cpu, build_packing_cpu, build_padded_cpu
+from ndp.kernels.verdict import verdicts_cpu
+
+#: a ``vocab`` no id reaches (ids are at most 32 bits): no range check
+NO_LIMIT = 1 << 32
+
+#: the outputs of each mode, (name, dtype); "cu_seqlens" is 1-D, the others (rows, columns)
+OUTPUTS = {
+    "padded": (("input_ids", np.int64), ("labels", np.int64), ("attention_mask", np.int64)),
+    "packed": (("x", np.int64), ("y", np.int64)),
+    "packing": (("input_ids", np.int64), ("labels", np.int64), ("attention_mask", np.int64),
+                ("position_ids", np.int64), ("cu_seqlens", np.int32)),
+}
+
+
+def grow(n: int) -> int:
+    """Capacity for ``n`` items: the next power of two (at least 64), so sizes settle fast."""
+    return max(64, 1 << max(0, (n - 1).bit_length()))
+
+
+class TooManyShards(ConfigError):
+    """A chunk needs more shards on the device at once than its staging area holds."""
+
+
+@dataclass
+class Staged:
+    """A chunk's packets where the kernels can read them: the byte buffer, each packet's offset
+    in it and where its shard ends (``limits``; empty: the buffer is one shard)."""
+
+    data: Any
+    offsets: Any
+    limits: Any
+    n: int
+    shards: tuple[int, ...] = ()  # corpus shards it reads (device arena bookkeeping)
+
+
+@dataclass
+class Slot:
+    """One ring slot's buffers (see the module docstring) and, on a GPU, its events."""
+
+    index: int
+    scratch: dict[str, tuple[Any, Any, int]] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    out_key: tuple = ()
+    out_caps: tuple[int, int] = (0, 0)
+    generation: int = 0
+    ready: Any = None  # recorded after the chunk's kernels (GPU)
+    released: Any = None  # recorded on the consumer's stream when it is done with the chunk
+    released_recorded: bool = False
+
+
+class CpuEngine:
+    """Decode primitives on the host's cores (``ndp.engine.threads``)."""
+
+    backend = "cpu"
+    #: whether work is queued on streams that a consumer must be ordered after
+    has_streams = False
+
+    def __init__(self, counters: Counters | None = None) -> None:
+        self.counters = counters if counters is not None else Counters()
+
+    # ------------------------------------------------------------------------------- buffers
+    def scratch(self, slot: Slot, name: str, n: int, dtype: Any) -> tuple[Any, np.ndarray]:
+        """(kernel array, host array) of at least ``n`` items; one array on the CPU."""
+        have = slot.scratch.get(name)
+        if have is None or have[2] < n:
+            cap = grow(n)
+            array = self._host(cap, dtype)
+            have = slot.scratch[name] = (self._device(cap, dtype, like=array), array, cap)
+        return have[0], have[1]
+
+    def outputs(self, slot: Slot, mode: str, rows: int, cols: int, extra: int = 0) -> dict:
+        """The slot's output buffers for ``rows`` x ``cols`` of ``mode`` (and ``extra`` items of
+        the 1-D ``cu_seqlens``); a buffer is reallocated only when it is too small or of
+        another shape."""
+        key = (mode, cols)
+        fresh = slot.out_key != key
+        more_rows = fresh or slot.out_caps[0] < rows
+        more_extra = fresh or slot.out_caps[1] < extra
+        if more_rows or more_extra:
+            self.synchronize_slot(slot)
+            if fresh:
+                slot.outputs = {}
+            caps = (grow(max(rows, 1)) if more_rows else slot.out_caps[0],
+                    grow(max(extra, 1)) if more_extra else slot.out_caps[1])
+            for name, dtype in OUTPUTS[mode]:
+                flat = name == "cu_seqlens"
+                if more_extra if flat else more_rows:
+                    slot.outputs[name] = self._output((caps[1],) if flat else (caps[0], cols),
+                                                      dtype)
+            slot.out_key, slot.out_caps = key, caps
+            slot.generation += 1
+        return slot.outputs
+
+    def _host(self, n: int, dtype: Any) -> np.ndarray:
+        return np.empty(n, dtype)
+
+    def _device(self, n: int, dtype: Any, like: np.ndarray) -> Any:
+        return like
+
+    def _output(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return np.empty(shape, dtype)
+
+
+    # ------------------------------------------------------------------------------- kernels
+    def submit_verdicts(self, staged: Staged, slot: Slot, vocab: int) -> None:
+        """Start computing each staged packet's verdict (``ndp.kernels.verdict``; ids must be
+        below ``vocab``); on the CPU this is the whole computation."""
+        _, out = self.scratch(slot, "verdicts", staged.n, np.int64)
+        self.counters.launches += 1
+        verdicts_cpu(staged.data, staged.offsets, staged.limits, out[:staged.n], vocab)
+
+    def read_verdicts(self, slot: Slot, n: int) -> np.ndarray:
+        """The verdicts ``submit_verdicts`` computed, on the host."""
+        return slot.scratch["verdicts"][1][:n]
+
+    def format_verdicts(self, staged: Staged, slot: Slot) -> np.ndarray:
+        """Each staged packet's verdict by the format alone, on the host (submit, then read):
+        what ``ndp.engine.reference`` delivers, so a token packet with no tokens or with any ids is
+        valid (the Loader drops those a model cannot take, ``submit_verdicts``' ``vocab``)."""
+        self.submit_verdicts(staged, slot, NO_LIMIT)
+        verdicts = self.read_verdicts(slot, staged.n)
+        verdicts[verdicts == -DropReason.EMPTY] = 0
+        return verdicts
+
+    def upload(self, slot: Slot, name: str, values: np.ndarray) -> Any:
+        """``values`` where the kernels read them (the CPU reads host memory as it is)."""
+        return values
+
+    def build_padded(self, staged: Staged, slot: Slot, row_packet: np.ndarray, pad_id: int,
+                     outs: dict) -> None:
+        self.counters.launches += 1
+        build_padded_cpu(staged.data, staged.offsets, self.upload(slot, "rows", row_packet),
+                         pad_id, outs["input_ids"], outs["labels"], outs["attention_mask"])
+
+    def build_packed(self, staged: Staged, slot: Slot, rows: np.ndarray, cum: np.ndarray,
+                     start: int, windows: int, outs: dict) -> None:
+        self.counters.launches += 1
+        build_packed_cpu(staged.data, staged.offsets, rows, cum, start, outs["x"][:windows],
+                         outs["y"][:windows])
+
+    def build_packing(self, staged: Staged, slot: Slot, plan: dict, pad_id: int,
+                      outs: dict) -> None:
+        self.counters.launches += 1
+        build_packing_cpu(staged.data, staged.offsets, plan["doc_packet"], plan["doc_col"],
+                          plan["doc_len"], plan["row_docs"], pad_id, outs["input_ids"],
+                          outs["labels"], outs["attention_mask"], outs["position_ids"])
+        cu = plan["cu_seqlens"]
+        outs["cu_seqlens"][:cu.shape[0]] = cu
+
+    # ------------------------------------------------------------------------ slot ordering
+    def acquire(self, slot: Slot) -> None:
+        """Before a slot is written again (its previous chunk is released)."""
+
+    def finish(self, slot: Slot) -> None:
+        """After a chunk's kernels were queued into ``slot``."""
+
+    def synchronize_slot(self, slot: Slot) -> None:
+        """Wait until the slot's queued work is done (before its memory is reallocated)."""
+
+    def synchronize(self) -> None:
+        """Wait for everything queued (nothing: CPU work is synchronous)."""
+
+    def consumer_wait(self, slot: Slot, handle: int | None) -> None:
+        """Order the consumer's stream after the slot's chunk (nothing to order on the CPU)."""
+
+    def release(self, slot: Slot, handle: int | None) -> None:
+        """The consumer is done with the slot's chunk (nothing to record on the CPU)."""

@@ -1,0 +1,266 @@
+"""Device memory, streams and the DLPack handoff for the ``cuda`` backend.
+
+Memory is allocated with Numba (``cuda.device_array`` / ``cuda.pinned_array``), once, and reused;
+kernels are launched on Numba streams. What leaves ndp is a ``DeviceArray``: a zero-copy view
+that any DLPack consumer takes (``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack``) and
+that orders the consumer after the kernels that wrote it:
+
+* ``__dlpack__(stream=S)`` makes the consumer's stream ``S`` wait for ndp's stream (through
+  CuPy, which implements the DLPack stream rules), so no host synchronisation is needed;
+* the consumer's stream is remembered, and before ndp writes the same buffer again it makes its
+  own stream wait for everything the consumer had queued on ``S`` up to that moment. A buffer is
+  therefore never overwritten while queued consumer work still reads it, as long as that work was
+  queued before the call that reuses the buffer (see ``ndp.engine.cuda_decoder`` for when that is).
+
+Under Numba's CUDA simulator the "device" is host memory: ``DeviceArray`` then wraps a NumPy
+array and DLPack hands out CPU tensors; streams and events do nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ndp.engine.backend import simulated
+
+#: DLPack's name for "the legacy default stream" (what ``stream=None`` means on CUDA)
+LEGACY_DEFAULT_STREAM = 1
+#: DLPack's "consumer asks for no synchronisation"
+NO_SYNC = -1
+
+
+def _cuda():
+    from numba import cuda
+
+    return cuda
+
+
+class Consumers:
+    """The streams that imported a buffer through DLPack since ndp last wrote it."""
+
+    __slots__ = ("streams",)
+
+    def __init__(self) -> None:
+        self.streams: set[int] = set()
+
+    def fence(self, stream: Any) -> None:
+        """Make ``stream`` (ndp's) wait for the work queued so far on every consumer stream,
+        then forget them: call before writing the buffer again."""
+        if self.streams and not simulated():
+            cuda = _cuda()
+            for ptr in self.streams:
+                event = cuda.event(timing=False)
+                event.record(cuda.external_stream(ptr))
+                event.wait(stream)
+        self.streams.clear()
+
+
+class DeviceArray:
+    """A device array produced by ndp on a stream; hand it to any DLPack consumer.
+
+    ``shape``, ``dtype`` and ``ndim`` are those of the array; ``copy_to_host()`` waits for the
+    producing stream and returns a NumPy copy (for tests and inspection, not the hot path).
+    """
+
+    __slots__ = ("_array", "_stream", "_consumers", "_counters")
+
+    def __init__(self, array: Any, stream: Any, consumers: Consumers,
+                 counters: Any = None) -> None:
+        self._array = array  # cupy.ndarray on a device, numpy.ndarray under the simulator
+        self._stream = stream  # the Numba stream that writes it
+        self._consumers = consumers
+        self._counters = counters  # ndp.engine.counters.Counters of the decoder that made it
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._array.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._array.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self._array.shape)
+
+    def __len__(self) -> int:
+        return self._array.shape[0]
+
+    def __repr__(self) -> str:
+        where = "simulated device" if simulated() else "cuda"
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, on {where})"
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()
+
+    def __dlpack__(self, *, stream: int | None = None, max_version=None, dl_device=None,
+                   copy=None):
+        kwargs = {}
+        if max_version is not None:
+            kwargs["max_version"] = max_version
+        if dl_device is not None:
+            kwargs["dl_device"] = dl_device
+        if copy is not None:
+            kwargs["copy"] = copy
+        if self._counters is not None:
+            self._counters.dlpack_exports += 1
+        if simulated():
+            return self._array.__dlpack__(**kwargs)
+        import cupy
+
+        consumer = LEGACY_DEFAULT_STREAM if stream is None else int(stream)
+        if consumer != NO_SYNC:
+            self._consumers.streams.add(consumer)
+        # CuPy orders the consumer's stream after its *current* stream: make that ours
+        with cupy.cuda.ExternalStream(int(self._stream.handle)):
+            return self._array.__dlpack__(stream=stream, **kwargs)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        if simulated():
+            raise AttributeError("no __cuda_array_interface__ under the CUDA simulator")
+        cai = dict(self._array.__cuda_array_interface__)
+        cai["stream"] = int(self._stream.handle) or LEGACY_DEFAULT_STREAM
+        return cai
+
+    @property
+    def array(self) -> Any:
+        """The array itself: a ``cupy.ndarray`` on a device, a NumPy array under the simulator
+        (work on it inside ``producer_stream(self)``)."""
+        return self._array
+
+    @property
+    def stream(self) -> Any:
+        """The Numba stream that writes this array."""
+        return self._stream
+
+    def rows(self, start: int, stop: int) -> DeviceArray:
+        """Rows ``[start, stop)``: a view, made on the same stream, with the same consumers."""
+        return DeviceArray(self._array[start:stop], self._stream, self._consumers,
+                           self._counters)
+
+    def copy_to_host(self) -> np.ndarray:
+        """A NumPy copy, after the producing stream has finished writing it."""
+        self._stream.synchronize()
+        if simulated():
+            return np.array(self._array)
+        return self._array.get()
+
+
+def producer_stream(array: DeviceArray) -> Any:
+    """A context in which CuPy work is queued on ``array``'s producing stream (so it runs after
+    the kernels that wrote it); a no-op under the simulator."""
+    if simulated():
+        import contextlib
+
+        return contextlib.nullcontext()
+    import cupy
+
+    return cupy.cuda.ExternalStream(int(array.stream.handle))
+
+
+def array_module(array: Any) -> Any:
+    """NumPy for host arrays (and the simulator's), CuPy for device arrays."""
+    if isinstance(array, DeviceArray) and not simulated():
+        import cupy
+
+        return cupy
+    return np
+
+
+def wrap_like(template: DeviceArray, array: Any) -> DeviceArray:
+    """A ``DeviceArray`` for ``array``, made on ``template``'s stream (a fresh allocation: no
+    ring reuse, so no consumer bookkeeping is needed beyond DLPack's ordering)."""
+    return DeviceArray(array, template.stream, Consumers())
+
+
+class Buffer:
+    """One device allocation (made once) and its consumer bookkeeping.
+
+    ``kernel`` is the array kernels take (a Numba device array); ``view(n)`` hands out the first
+    ``n`` rows as a ``DeviceArray``.
+    """
+
+    __slots__ = ("kernel", "_export", "consumers", "counters")
+
+    def __init__(self, shape: tuple[int, ...] | int, dtype: Any, counters: Any = None) -> None:
+        cuda = _cuda()
+        self.kernel = cuda.device_array(shape, dtype=dtype)
+        if simulated():
+            self._export = self.kernel._ary  # the simulator's device array is a NumPy array
+        else:
+            import cupy
+
+            self._export = cupy.asarray(self.kernel)  # zero-copy view of the same memory
+        self.consumers = Consumers()
+        self.counters = counters
+
+    @property
+    def export(self) -> Any:
+        """The memory as a CuPy array (a NumPy array under the simulator)."""
+        return self._export
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._export.nbytes)
+
+    def leased(self, stream: Any, array: Any) -> DeviceArray:
+        """``array`` (over this buffer's memory, ``ndp.loader.serve.held``) as a ``DeviceArray`` that
+        shares this buffer's consumer bookkeeping."""
+        return DeviceArray(array, stream, self.consumers, self.counters)
+
+    def view(self, stream: Any, rows: int | None = None, start: int = 0) -> DeviceArray:
+        """Rows ``[start, rows)`` (all of them with ``rows=None``) as a ``DeviceArray``."""
+        array = self._export if rows is None and not start else self._export[start:rows]
+        return DeviceArray(array, stream, self.consumers, self.counters)
+
+
+def configure(kernel: Any, grid: int, block: int, stream: Any) -> Any:
+    """``kernel[grid, block, stream]``: a launcher to keep and call (building one costs more than
+    launching it), without Numba's warning that a grid under 128 blocks under-uses the GPU.
+
+    ndp sizes its grids on purpose (one block for a scan, as many as the work for small
+    batches), and Numba warns when the launcher is built, so only ndp's own launchers are
+    silenced: the filter lives for this call, and the user's warnings are left alone."""
+    from numba.core.errors import NumbaPerformanceWarning
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=NumbaPerformanceWarning,
+                                message=".*Grid size")  # Numba colours its messages
+        return kernel[grid, block, stream]
+
+
+def pinned(shape: tuple[int, ...] | int, dtype: Any) -> np.ndarray:
+    """Page-locked host memory (plain memory under the simulator), for async copies."""
+    return _cuda().pinned_array(shape, dtype=dtype)
+
+
+def new_stream() -> Any:
+    """A new Numba stream that does not synchronise with the legacy default stream, so ndp's
+    copies and kernels overlap the training job's work (torch runs on that stream unless told
+    otherwise). The CuPy stream that owns it lives as long as the returned object."""
+    cuda = _cuda()
+    if simulated():
+        return cuda.stream()
+    import cupy
+
+    owner = cupy.cuda.Stream(non_blocking=True)
+    stream = cuda.external_stream(owner.ptr)
+    stream.ndp_owner = owner  # keep the CUDA stream alive as long as Numba's handle to it
+    return stream
+
+
+def new_event() -> Any:
+    """An event for ordering only (no timing, which makes record and wait cheaper)."""
+    cuda = _cuda()
+    return cuda.event() if simulated() else cuda.event(timing=False)
+
+
+def device_memory_info() -> tuple[int, int]:
+    """(free, total) bytes of device memory; the simulator's "device" claims 1 GiB."""
+    if simulated():
+        return 1 << 30, 1 << 30
+    free, total = _cuda().current_context().get_memory_info()
+    return int(free), int(total)

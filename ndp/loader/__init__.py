@@ -1,0 +1,10 @@
+"""The Loader's pipeline, the hot path: ``ndp.Loader`` (``loader``; options in ``options``) plans
+each epoch's order and every rank's share (``order``, ``plan``, ``elastic`` for a changed
+world), stages bytes where the decoder reads them (``stage`` on the host, ``device_shards`` on
+a GPU), decodes a chunk of batches at a time (``chunks``, ``layout``, ``packing``) on a
+producer thread (``producer``), and serves them to the training loop (``serve``), with resume
+states (``state``) and what it delivered (``stats``, ``truncation``).
+
+Imports the engines, storage, the wire format and ``ndp.errors``; torch only in ``serve``,
+through ``ndp.adapters.torch``, when batches are asked for as tensors.
+"""

@@ -1,0 +1,124 @@
+"""Decode: a chunk of this rank's share in, its batches out, built into a ring slot (the third
+stage of the Loader's pipeline: plan, stage, decode, serve).
+
+Per chunk, on either backend: stage the packets (``ndp.loader.stage`` /
+``ndp.loader.device_shards``), one verdict kernel, one small copy of the verdicts to the host and
+one wait for it, the layout of every batch of the chunk on the host (``ndp.loader.layout``), one
+build kernel for all of them (two copies of the plan for packing). On a GPU that is 2 launches, 3
+copies and 1 host wait for ``chunk_batches`` batches, where decoding batch by batch paid a fixed
+~1.3 ms of host work per batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ndp.engine.cpu import CpuEngine, Slot, Staged, TooManyShards
+from ndp.loader.layout import Layout, packed_layout, packing_layout, padded_layout
+from ndp.loader.plan import Plan
+
+
+@dataclass
+class Chunk:
+    """A decoded chunk: the slot that holds its outputs and the layout of its batches."""
+
+    slot: Slot
+    layout: Layout
+
+
+class ChunkDecoder:
+    """Decodes chunks of ``chunk_batches`` batches with ``engine``, staging with ``stager``;
+    a packet with no tokens or with an id at or past ``vocab`` is dropped (``EMPTY``,
+    ``TOKEN_RANGE``)."""
+
+    def __init__(self, engine: CpuEngine, stager: Any, plan: Plan, *, pad_token_id: int,
+                 chunk_batches: int, vocab: int) -> None:
+        self.engine, self.stager, self.plan = engine, stager, plan
+        self.pad_token_id, self.vocab = pad_token_id, vocab
+        self.chunk_batches = chunk_batches
+
+    def decode(self, slot: Slot, share: np.ndarray, pos: int, tok: int, counted_upto: int,
+               batches: int | None = None, own_end: int | None = None) -> Chunk:
+        """The next chunk from share position ``pos`` (and stream token ``tok``, packed mode):
+        at most ``batches`` (default ``chunk_batches``) batches, at least one unless the share
+        ends in it (then ``layout.end`` or an exhausted share says so). ``counted_upto``: the
+        first share position no earlier batch counted. ``own_end`` (packed mode, for the
+        epoch's last batches): where the share's own packets end; a chunk that needs no packet
+        past it reads up to it, and if it makes all ``batches`` its layout ends the epoch
+        (counting the packets left over)."""
+        plan, engine = self.plan, self.engine
+        n = share.shape[0]
+        most = reach = batches or self.chunk_batches  # batches it makes, and plans to reach
+        engine.acquire(slot)
+        while True:
+            q = plan.chunk_end(share, pos, tok, reach)
+            final = own_end is not None and q <= own_end
+            if final:
+                q = own_end
+            packets = share[pos:q]
+            try:
+                staged = self.stager.stage(packets, slot)
+            except TooManyShards:
+                if reach == 1:
+                    raise
+                reach = max(1, reach // 2)  # fewer batches, fewer shards at once
+                most = min(most, reach)
+                continue
+            engine.submit_verdicts(staged, slot, self.vocab)
+            if self.stager.prefetches:  # the next chunk's first shards, while this decodes
+                self.stager.prefetch(share[q: plan.chunk_end(share, q, 0, 1)])
+            verdicts = engine.read_verdicts(slot, staged.n)
+            # an index matched by size alone: refuse a lie (from the bytes staged on the host)
+            host = isinstance(staged.data, np.ndarray)
+            plan.corpus.check_headers(packets, staged.data if host else None,
+                                      staged.offsets if host else None)
+            layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final)
+            if layout.batches or layout.end is not None or q >= n:
+                break
+            reach *= 2  # dropped packets held too few tokens: take more of them (as many
+            # batches still: the epoch's last chunk must not make more than it was asked)
+        self._build(layout, staged, slot)
+        self.stager.after(staged, engine)
+        engine.finish(slot)
+        engine.counters.chunks += 1
+        engine.counters.batches += len(layout.batches)
+        return Chunk(slot, layout)
+
+    def _layout(self, verdicts: np.ndarray, share: np.ndarray, pos: int, tok: int,
+                counted_upto: int, batches: int, share_ends: bool, final: bool) -> Layout:
+        plan = self.plan
+        B, T = plan.batch_size, plan.seq_len
+        if plan.mode == "padded":
+            return padded_layout(verdicts, batch_size=B, max_len=T, pos=pos)
+        if plan.mode == "packed":
+            return packed_layout(verdicts, batch_size=B, seq_len=T, pos=pos, tok=tok,
+                                 counted_from=max(counted_upto - pos, 0), max_batches=batches,
+                                 share_ends=share_ends, final=final)
+        return packing_layout(verdicts, lambda at: plan.candidates(share, pos + at) - pos,
+                              batch_size=B, row_len=T, pos=pos, max_batches=batches,
+                              share_ends=share_ends)
+
+    def _build(self, layout: Layout, staged: Staged, slot: Slot) -> None:
+        engine, mode = self.engine, self.plan.mode
+        T = self.plan.seq_len
+        build = layout.build
+        # outputs are allocated for a full chunk at once, so the small first chunks after a
+        # start do not make the slots grow (and be wrapped for the consumer) again and again
+        full = self.chunk_batches * self.plan.batch_size
+        if mode == "padded":
+            rows = build["row_packet"]
+            outs = engine.outputs(slot, mode, max(rows.shape[0], full), T)
+            engine.build_padded(staged, slot, rows, self.pad_token_id, outs)
+        elif mode == "packed":
+            outs = engine.outputs(slot, mode, max(build["windows"], full), T)
+            engine.build_packed(staged, slot, build["rows"], build["cum"], build["start"],
+                                build["windows"], outs)
+        else:
+            # cu_seqlens: at most one segment per token and one of padding per row, plus 0
+            most = self.chunk_batches * (self.plan.batch_size * (T + 1) + 1)
+            outs = engine.outputs(slot, mode, max(build["rows"], full), T,
+                                  max(build["cu_seqlens"].shape[0], most))
+            engine.build_packing(staged, slot, build, self.pad_token_id, outs)

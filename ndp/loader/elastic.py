@@ -1,0 +1,169 @@
+"""Elastic resume: the rest of an epoch that a run with another number of ranks (or another
+batch shape) began, shared out over this run's ranks.
+
+A job restarted on fewer or more nodes hands its new ranks the states its old ranks saved
+(``Loader.load_state_dict([state_0, state_1, ...])``, all of them; in ``padded`` and
+``packing`` mode one is enough, since where every other rank stood follows from the index).
+Every old rank's share of the epoch is recomputed (``Plan.variant``: same data, order, mixing
+and CRC-Drop), and what each had not reached yet is merged, round robin, into one order of
+the remaining packets; the new ranks split that order as they split any epoch (disjoint
+shares, cut to the same length, the same batch count). So each remaining packet of the epoch
+is delivered once across the new ranks; in ``packed`` mode a packet an old rank was inside of
+is delivered again whole (counted in ``stats.repeated``, at most one per old rank). The epochs
+after it are ordinary epochs of the new run.
+
+A state saved during that rest records where it came from (``elastic`` in the state: the old
+world size, batch shape and every old rank's position), so it resumes exactly too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ndp.errors import LoaderStateError
+from ndp.loader.plan import Plan
+from ndp.loader.state import check_state, seal
+
+#: settings an earlier run's states may differ in; every other one must match
+MAY_DIFFER = ("rank", "world_size", "batch_size", "seq_len")
+
+
+@dataclass(frozen=True)
+class Remainder:
+    """The rest of ``epoch`` (``Plan.set_elastic``)."""
+
+    epoch: int
+    packets: np.ndarray  #: the remaining packets, all new ranks together, in order
+    partial: np.ndarray  #: positions in ``packets`` of those an old rank was inside of
+    record: dict  #: what a state saved during the rest carries to recompute it
+
+
+def from_states(states: list[dict], mine: dict, plan: Plan) -> Remainder:
+    """The ``Remainder`` the earlier run's ``states`` leave (``mine``: this loader's own state,
+    for the settings). ``LoaderStateError`` when they are not one step of one run."""
+    if not states or not all(isinstance(s, dict) for s in states):
+        raise LoaderStateError("an elastic resume takes the earlier run's states as a list of "
+                               "dicts (Loader.state_dict() of each of its ranks)")
+    first = states[0]
+    world = first.get("world_size")
+    if not isinstance(world, int) or world < 1:
+        raise LoaderStateError(f"loader state world_size is {world!r}")
+    ranks = sorted(s.get("rank") for s in states) if all(
+        isinstance(s.get("rank"), int) for s in states) else None
+    if len(states) == 1 and world > 1:
+        if plan.mode == "packed":
+            raise LoaderStateError(
+                f"this state was saved by rank {first.get('rank')} of {world}; in packed mode "
+                f"where the other ranks stood depends on which of their packets were corrupt, "
+                f"so resuming on {mine['world_size']} ranks needs the states of all {world}: "
+                f"pass the list (gather them with torch.distributed.all_gather_object)")
+        states = _derive(first, world, mine, _base(plan, first.get("elastic")))
+    elif ranks != list(range(world)):
+        raise LoaderStateError(
+            f"an elastic resume needs the state of every rank of the earlier run, each once: "
+            f"world_size {world}, got ranks {ranks}")
+    # the earlier run may itself have been resuming an epoch begun by another one
+    base = _base(plan, first.get("elastic"))
+    old = {key: first.get(key) for key in MAY_DIFFER[1:]}
+    positions = []
+    for state in states:
+        for key in MAY_DIFFER[1:]:
+            if state.get(key) != old[key]:
+                raise LoaderStateError(f"the states disagree on {key} ({state.get(key)!r} and "
+                                       f"{old[key]!r}): they are not from one run")
+        if state.get("elastic") != first.get("elastic"):
+            raise LoaderStateError("the states disagree on 'elastic': they are not from one run")
+        positions.append(_check_one(state, mine, base))
+    epochs = {p["epoch"] for p in positions}
+    steps = {p["batch"] for p in positions}
+    if len(epochs) != 1 or len(steps) != 1:
+        raise LoaderStateError(
+            f"the states were saved at different steps (epochs {sorted(epochs)}, batches "
+            f"{sorted(steps)}); pass the states every rank saved at one step")
+    return remainder(base, epoch=epochs.pop(), world_size=world,
+                     batch_size=old["batch_size"], seq_len=old["seq_len"],
+                     positions=[(p["pos"], p["tok"]) for p in positions],
+                     previous=first.get("elastic"))
+
+
+def _base(plan: Plan, record: Any) -> Plan:
+    """``plan`` with the remainder an earlier run was in (``record``), or with none."""
+    base = plan.variant(rank=plan.rank, world_size=plan.world_size,
+                        batch_size=plan.batch_size, seq_len=plan.seq_len)
+    base.set_elastic(None if record is None else from_record(record, plan))
+    return base
+
+
+def remainder(plan: Plan, *, epoch: int, world_size: int, batch_size: int, seq_len: int,
+              positions: list[tuple[int, int]], previous: Any = None) -> Remainder:
+    """What old ranks ``0..world_size-1`` at ``positions`` (share position, token) had left of
+    ``epoch`` (cut by ``plan``, which carries the remainder they were in, ``previous``),
+    merged round robin."""
+    tails, partial_at = [], []
+    for rank, (pos, tok) in enumerate(positions):
+        sh = plan.variant(rank=rank, world_size=world_size, batch_size=batch_size,
+                          seq_len=seq_len).share(epoch)
+        tails.append(sh.packets[min(pos, sh.length): sh.length])
+        partial_at.append(bool(tok) and pos < sh.length)
+    lengths = np.array([t.shape[0] for t in tails], np.int64)
+    step = np.concatenate([np.arange(n) for n in lengths]) if lengths.sum() else np.zeros(0, int)
+    owner = np.repeat(np.arange(len(tails)), lengths)
+    order = np.lexsort((owner, step))  # by step, then by old rank
+    packets = np.concatenate(tails)[order] if tails else np.zeros(0, np.int64)
+    first_of = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    where = np.empty(packets.shape[0], np.int64)
+    where[order] = np.arange(packets.shape[0])
+    partial = np.array([where[first_of[r]] for r, p in enumerate(partial_at) if p], np.int64)
+    record = {"epoch": epoch, "world_size": world_size, "batch_size": batch_size,
+              "seq_len": seq_len, "positions": [[int(p), int(t)] for p, t in positions],
+              "previous": previous}
+    return Remainder(epoch, packets.astype(np.int64), partial, record)
+
+
+def from_record(record: Any, plan: Plan) -> Remainder:
+    """The ``Remainder`` a state saved during one records (its ``elastic`` field)."""
+    try:
+        previous = record.get("previous")
+        return remainder(_base(plan, previous), epoch=int(record["epoch"]),
+                         world_size=int(record["world_size"]),
+                         batch_size=int(record["batch_size"]), seq_len=int(record["seq_len"]),
+                         positions=[(int(p), int(t)) for p, t in record["positions"]],
+                         previous=previous)
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        raise LoaderStateError(f"loader state field 'elastic' is damaged ({err!r})") from None
+
+
+def _check_one(state: dict, mine: dict, plan: Plan) -> dict:
+    """One old rank's state checked as that rank's own loader would check it."""
+    for key in MAY_DIFFER:
+        value = state.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise LoaderStateError(f"loader state field {key!r} is {value!r}")
+    old = plan.variant(rank=state["rank"], world_size=state["world_size"],
+                       batch_size=state["batch_size"], seq_len=state["seq_len"])
+    as_old = {**mine, **{key: state[key] for key in MAY_DIFFER}}
+    return check_state(state, as_old, old)
+
+
+def _derive(state: dict, world: int, mine: dict, plan: Plan) -> list[dict]:
+    """Every old rank's state from one (padded and packing mode: by the index)."""
+    at = _check_one(state, mine, plan)
+    if at["tok"]:
+        raise LoaderStateError("a padded or packing state has no token offset")
+    out = []
+    for rank in range(world):
+        old = plan.variant(rank=rank, world_size=world, batch_size=state["batch_size"],
+                           seq_len=state["seq_len"])
+        share = old.share(at["epoch"])
+        pos = 0
+        for _ in range(at["batch"]):
+            if plan.mode == "padded":
+                pos = min(pos + old.batch_size, share.length)
+            else:
+                pos = min(old.candidates(share.packets, pos), share.length)
+        out.append(seal({**{k: v for k, v in state.items() if k != "check"}, "rank": rank,
+                         "pos": pos, "tok": 0}))
+    return out

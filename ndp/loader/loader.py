@@ -1,0 +1,400 @@
+"""``ndp.Loader``: whole training batches, decoded ahead of use, on the GPU where there is one.
+
+    loader = ndp.Loader("data/", mode="packed", batch_size=8, seq_len=1024, seed=0)
+    for epoch in range(3):
+        for batch in loader:            # one epoch of this rank's share
+            loss = model(batch["x"], batch["y"])
+        state = loader.state_dict()     # small, JSON-serialisable; resume with load_state_dict
+
+Modes:
+
+* ``padded`` (SFT): each batch holds the valid packets among the next ``batch_size`` packets of
+  this rank's order, one row each, padded to ``seq_len``: ``input_ids``, ``labels`` (-100 at
+  padding and masked prompt tokens), ``attention_mask``. A corrupt packet makes its batch one row
+  shorter (counted in ``stats``) instead of pulling a packet forward from the next batch, so every
+  batch depends only on its place in the order: resume and rank splits stay exact. A row keeps
+  a longer packet's first ``seq_len`` tokens: the cut is counted per epoch from the index and
+  warned, once per epoch, past 1% of its tokens (``ndp.loader.truncation``).
+* ``packed`` (pretraining): the valid tokens of this rank's packets, in order, form one stream;
+  each batch is ``batch_size`` windows of ``seq_len + 1`` tokens split into ``x`` and ``y``
+  (llm.c layout; ``y`` is -100 where a token's loss-mask bit is 0). Windows run across packet and
+  shard boundaries; the tokens left over at the end of an epoch (less than one batch) are not
+  used, and counted.
+
+* ``packing`` (SFT, packed rows): short examples laid end to end in full rows, with
+  per-document ``position_ids`` and ``cu_seqlens`` (``ndp.loader.packing``).
+
+Order, rank split, mixing and CRC-Drop are ``ndp.loader.order``'s: seeded, a new order every epoch
+(documents shuffled across windows of shards of ``shuffle_window`` bytes, 1 GiB by default, or
+``"all"``; on a GPU two windows' shards are held on the device at once), disjoint shares across
+ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``), and every
+rank delivers the same number of batches per epoch, ``len(loader)``, known before the epoch is
+read (``ndp.loader.plan``; what that leaves out or repeats is counted in ``stats``).
+Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard groups
+(``mix_by="group"``), or ``mix={"TEXT_CORPUS": 1, "CODE_REPO": 1}`` by packet SRC
+(``mix_by="src"``); every source needs a weight (0 leaves it out, counted). ``mix_size``: the
+epoch ends when a source runs out (``"shortest"``, default), when every source is used whole,
+the smaller ones repeated (``"longest"``), or after that many packets (an int, all ranks
+together); repeats and leftovers are counted per source (``ndp.loader.order.mix``).
+
+A packet a model cannot take is dropped and counted like a corrupt one: one with no tokens
+(``EMPTY``: its row would be all padding, a loss of 0/0) and one with a token id at or past the
+vocabulary size (``TOKEN_RANGE``): ``vocab_size=``, else the one the dataset's manifest records,
+else 2**31 (an int32 id with its top bit set).
+
+A directory is read only as the whole dataset its manifest ``ndp.json`` lists
+(``ndp.store.manifest``: a conversion killed half way leaves none, and is refused), and a file that
+is no NDP shard (a JSONL) or holds no valid packet is refused (``ndp.store.corpus.no_data``): it
+would give 0 batches. ``manifest="ignore"`` reads either as it is, on purpose. A URL
+(``s3://bucket/prefix/``, any fsspec URL; ``storage_options``) is read through a local cache
+(``cache_dir``, ``cache_limit``) shared by the ranks of a node, the shards fetched ahead of need
+(``ndp.store.remote``).
+
+Indexes are matched to their shards by size (``verify="size"``), not by reading every shard to
+compare its crc32 (``verify="full"``): time to the first batch does not grow with the data set,
+and every packet's CRC is still checked as it is decoded.
+
+The state (``state_dict``) is the epoch and a (packet, token) position in this rank's order,
+plus the settings it is only valid for; ``load_state_dict`` refuses a state made with others.
+
+The pipeline: **plan** (``ndp.loader.plan``: this rank's share of the epoch, cut into chunks of
+``chunk_batches`` batches), **stage** (``ndp.loader.stage`` on the CPU, ``ndp.loader.device_shards``
+on a GPU: whole shards copied to the device in bulk), **decode** (``ndp.loader.chunks``: one verdict
+kernel, one small copy back and one host wait, one build kernel per chunk, laid out by
+``ndp.loader.layout``) and **serve** (``ndp.loader.serve``: batches are views into the chunk's
+outputs, wrapped once). The batches do not depend on the chunk size: any ``chunk_batches`` gives the
+same ones, which is what the CPU and CUDA backends give too, bit for bit.
+
+Prefetch: a producer thread decodes up to ``prefetch`` chunks ahead into a bounded queue. An
+exception in it is raised by the consumer's ``next()`` (with the producer's traceback chained);
+``close()``, leaving the ``with`` block, breaking out of the loop or dropping the last reference
+stops the thread. Batches are views of a ring of ``max(1, prefetch) + 3`` chunks' buffers, with
+no copy: a batch's buffers come round for reuse when the consumer takes a batch of the second
+chunk after its own (at the earliest the second batch after it). A batch still referenced then
+(``list(loader)``, a loss kept with its graph) keeps its buffers: ndp allocates new ones and
+warns once (``ndp.loader.serve``), so a held batch never shows another batch's tokens; ``.clone()``
+what you keep to keep that memory bounded. On a GPU the reuse is ordered after the work the
+consumer queued on its current stream (``ndp.loader.serve``).
+What the decoder did is counted in ``loader.counters`` (``ndp.engine.counters``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ndp.engine.backend import resolve_backend
+from ndp.loader.chunks import ChunkDecoder
+from ndp.store.corpus import Corpus
+from ndp.loader.elastic import from_record, from_states
+from ndp.engine.cpu import CpuEngine
+from ndp.kernels.verdict import NO_VOCAB
+from ndp.errors import LoaderUsageError
+from ndp.loader.options import MODES, check_cache_limit, check_options  # noqa: F401 - MODES
+from ndp.loader.order import ORDER, WINDOW_BYTES, check_window, drop_mask, rank_and_world
+from ndp.loader.plan import Plan
+from ndp.loader.producer import EPOCH_END, Failure, Producer
+from ndp.progress import progress_bar
+from ndp.loader.serve import Ring
+from ndp.loader.state import check_state, seal
+from ndp.loader.stats import LoaderStats
+from ndp.loader.truncation import CutReport
+
+#: 2: with the dataset's fingerprint; 3: with the batch number in the epoch; 4: with the order
+STATE_VERSION = 4
+#: tokens per chunk by default: a GPU amortises its per-call cost over 64 batches of 64 x 1,024
+#: (256 MB of int64 outputs per padded chunk, a ring of them on the device); on the CPU the
+#: hand-off to ndp's threads is what is amortised, and smaller chunks keep host memory small
+CHUNK_TOKENS = {"cuda": 1 << 22, "cpu": 1 << 20}
+#: batches per chunk by default at least, and at most
+CHUNK_BATCHES_MIN = {"cuda": 8, "cpu": 1}
+CHUNK_BATCHES_MAX = 64
+
+
+#: loaders whose producer thread may be running: stopped at interpreter exit (below)
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop every producer before the interpreter finalizes. A daemon thread still inside
+    compiled code then (a kernel, a compile) is ended by pthread_exit when it next takes the
+    GIL, which aborts the process ("terminate called without an active exception", SIGABRT)
+    in a script that simply ended without ``close()``."""
+    for loader in list(_LIVE):
+        loader._stop_producer()
+
+
+class Loader:
+    """Batches from NDP shards; see the module docstring for modes, order and validity."""
+
+    def __init__(
+        self,
+        data: str | os.PathLike | Sequence[str | os.PathLike] | Corpus,
+        *,
+        batch_size: int,
+        seq_len: int,
+        mode: str = "padded",
+        pad_token_id: int = 0,
+        shuffle: bool = True,
+        shuffle_window: int | str = WINDOW_BYTES,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        crc_drop_rate: float = 0.0,
+        backend: str = "auto",
+        resident: bool = False,
+        device_budget: int | None = None,
+        prefetch: int = 1,
+        chunk_batches: int | None = None,
+        output: str = "torch",
+        progress: bool = False,
+        mix: dict[str | int, float] | None = None,
+        mix_by: str = "group",
+        mix_size: str | int = "shortest",
+        verify: str = "size",
+        manifest: str = "check",
+        vocab_size: int | None = None,
+        storage_options: dict | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int | None = None,
+    ) -> None:
+        check_options(mode=mode, batch_size=batch_size, seq_len=seq_len, prefetch=prefetch,
+                      seed=seed, pad_token_id=pad_token_id, chunk_batches=chunk_batches,
+                      vocab_size=vocab_size, output=output)
+        drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
+        self.backend = resolve_backend(backend)
+        self.corpus = data if isinstance(data, Corpus) else Corpus(
+            data, verify=verify, manifest=manifest, storage_options=storage_options,
+            cache_dir=cache_dir, cache_limit=cache_limit)
+        check_cache_limit(self.corpus, shuffle=shuffle, window=check_window(shuffle_window))
+        #: token ids must be below this: ``vocab_size``, else the dataset's manifest's, else
+        #: 2**31 (an id must fit int32); a packet with one past it is dropped (TOKEN_RANGE)
+        self.vocab_size = vocab_size or self.corpus.vocab_size or NO_VOCAB
+        self.mode, self.batch_size, self.seq_len = mode, batch_size, seq_len
+        self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
+        self.rank, self.world_size = rank_and_world(rank, world_size)
+        self.crc_drop_rate, self.prefetch, self.output = crc_drop_rate, prefetch, output
+        self.progress = progress
+        self.chunk_batches = chunk_batches or max(
+            CHUNK_BATCHES_MIN[self.backend],
+            min(CHUNK_BATCHES_MAX, CHUNK_TOKENS[self.backend] // (batch_size * seq_len)))
+        self.plan = Plan(self.corpus, mode=mode, batch_size=batch_size, seq_len=seq_len,
+                         shuffle=shuffle, seed=seed, rank=self.rank, world_size=self.world_size,
+                         crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by,
+                         mix_size=mix_size, shuffle_window=shuffle_window)
+        if self.backend == "cuda":
+            from ndp.engine.cuda import CudaEngine
+            from ndp.loader.device_shards import DeviceShards
+
+            self.engine: CpuEngine = CudaEngine()
+            stager = DeviceShards(self.engine, self.corpus, budget=device_budget,
+                                  resident=resident, shuffle=shuffle,
+                                  window=check_window(shuffle_window))
+        else:
+            from ndp.loader.stage import HostStager
+
+            self.engine = CpuEngine()
+            stager = HostStager(self.corpus, resident=resident)
+        #: what the decoder did: chunks, batches, launches, copies, host waits, DLPack exports
+        self.counters = self.engine.counters
+        # slots: the queue's max(1, prefetch) chunks, the producer's one, the consumer's two
+        self._ring = Ring(self.engine, max(1, prefetch) + 3, output=output)
+        self._producer = Producer(self.plan, ChunkDecoder(
+            self.engine, stager, self.plan, pad_token_id=pad_token_id,
+            chunk_batches=self.chunk_batches, vocab=self.vocab_size), self._ring)
+        self._state = {"epoch": 0, "pos": 0, "tok": 0, "batch": 0}
+        self.stats = LoaderStats(
+            corrupt_regions=len(self.corpus.corruption),
+            corrupt_bytes=sum(c.length for _, c in self.corpus.corruption),
+        )
+        self._cut = CutReport(self.plan, self.stats)  # padded rows cut: counted, warned
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._queue: queue.Queue | None = None
+        self._lock = threading.Lock()
+        self._active: object | None = None  # the loop iterating, one at a time
+
+    # ----------------------------------------------------------------------- state / resume
+    def state_dict(self) -> dict:
+        """Where the consumer is: the next batch after ``load_state_dict`` of this is the one
+        the consumer would have received next. Small and JSON-serialisable."""
+        return seal({"version": STATE_VERSION, "mode": self.mode, "seed": self.seed,
+                "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
+                "batch_size": self.batch_size, "seq_len": self.seq_len,
+                "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
+                "mix": self.plan.mix_spec, "mix_size": self.plan.mix_size, "order": ORDER,
+                "shuffle_window": self.plan.shuffle_window,
+                "fingerprint": self.corpus.fingerprint,
+                "vocab_size": self.vocab_size,
+                **self._elastic_record(), **self._state})
+
+    def _elastic_record(self) -> dict:
+        rest = self.plan.elastic
+        if rest is None or rest.epoch != self._state["epoch"]:
+            return {}
+        return {"elastic": rest.record}
+
+    def load_state_dict(self, state: dict | list[dict], *, elastic: bool = False) -> None:
+        """Continue from ``state`` (from ``state_dict``). ``LoaderStateError`` (a
+        ``ConfigError``) if it was made for another dataset (its fingerprint) or configuration,
+        since its positions would mean other packets, or if its positions lie outside the epoch
+        it names; the message says which field and why.
+
+        Elastic resume (``ndp.loader.elastic``): the states of every rank of a run with another
+        ``world_size`` (or ``batch_size``, ``seq_len``), as a list, continue its epoch on this
+        run's ranks, each remaining packet once; in padded and packing mode one of them is
+        enough, with ``elastic=True``."""
+        mine = self.state_dict()
+        if isinstance(state, (list, tuple)) or (elastic and isinstance(state, dict)):
+            rest = from_states(list(state) if not isinstance(state, dict) else [state], mine,
+                               self.plan)
+            checked = {"epoch": rest.epoch, "pos": 0, "tok": 0, "batch": 0}
+        else:
+            record = state.get("elastic") if isinstance(state, dict) else None
+            rest = None if record is None else from_record(record, self.plan)
+            trial = self.plan.variant(rank=self.rank, world_size=self.world_size,
+                                      batch_size=self.batch_size, seq_len=self.seq_len)
+            trial.set_elastic(rest)  # checked against the epoch it resumes in
+            checked = check_state(state, mine, trial)
+        self._active = None
+        self._stop_producer()
+        self.plan.set_elastic(rest)
+        self._state = checked
+
+    @property
+    def epoch(self) -> int:
+        return self._state["epoch"]
+
+    def __len__(self) -> int:
+        """Batches this rank delivers in the whole current epoch (the one the next loop
+        continues or starts), exact before the epoch is read: every rank delivers as many,
+        whatever is corrupt (``ndp.loader.plan``). It stays the whole epoch after a resume mid-epoch
+        (LR schedules count on it): ``remaining`` is what the next loop yields.
+
+        With ``mix=`` it may differ from epoch to epoch. An int ``mix_size`` fixes it in
+        ``padded`` mode only: it fixes an epoch's packets, ``batch_size`` to a padded batch;
+        ``packed`` and ``packing`` batches follow the tokens of each epoch's packets."""
+        return self.plan.share(self.epoch).batches
+
+    @property
+    def remaining(self) -> int:
+        """Batches this rank still delivers in the current epoch: ``len(loader)`` at an
+        epoch's start, the rest after ``load_state_dict`` of a state saved mid-epoch, one less
+        per batch a loop takes."""
+        return len(self) - self._state["batch"]
+
+    # ----------------------------------------------------------------------------- iterate
+    def __iter__(self) -> Iterator[dict]:
+        """The rest of the current epoch; the next ``iter()`` starts the next epoch.
+
+        The producer thread outlives the epoch (it is already decoding the next one); leaving
+        the loop early, ``close()``, ``load_state_dict`` or dropping the loader stops it."""
+        self._cut.start(self.epoch)  # before the epoch's first batch and its producer, once
+        token = object()
+        with self._lock:
+            if self._active is not None:
+                raise LoaderUsageError(
+                    "this Loader is already being iterated by another loop (in this thread or "
+                    "another); iterate it from one loop at a time, or give each consumer its "
+                    "own Loader")
+            self._active = token
+            if self._thread is None:
+                self._start_producer()
+        bar = progress_bar(total=len(self) if self.progress else None,
+                           initial=self._state["batch"], desc=f"ndp epoch {self.epoch}",
+                           enabled=self.progress, unit="batch")
+        finished = False
+        try:
+            with bar:
+                while True:
+                    if self._active is not token:
+                        raise LoaderUsageError(
+                            "this loop's Loader was closed (close() or load_state_dict()); "
+                            "start a new loop to go on from where it stopped")
+                    t = time.perf_counter()
+                    item = self._get()
+                    self.stats.wait_seconds += time.perf_counter() - t
+                    if item[0] is EPOCH_END:
+                        _, self._state, counted = item
+                        self.stats.add(counted)
+                        finished = True
+                        return
+                    _, epoch, chunk = item
+                    for batch, laid in self._ring.serve(chunk.slot, chunk.layout.batches):
+                        self._state = {"epoch": epoch, **laid.state}
+                        self.stats.add(laid.counted)
+                        self.stats.batches += 1
+                        bar.update(1)
+                        yield batch
+        finally:
+            if self._active is token:
+                self._active = None
+                if not finished:  # left early (break, exception, garbage collection)
+                    self._stop_producer()
+
+    def _get(self) -> Any:
+        while True:
+            try:
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    self._thread = None
+                    raise RuntimeError("ndp loader: the producer thread ended without a result")
+                continue
+            if isinstance(item, Failure):
+                self._stop_producer()
+                raise item.exc
+            return item
+
+    def close(self) -> None:
+        """Stop the producer thread and close the shard files (idempotent); a loop still
+        running over this loader raises ``LoaderUsageError`` at its next batch. A new loop
+        starts the thread again (and reopens files as it reads them)."""
+        self._active = None
+        self._stop_producer()
+        self.corpus.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._stop_producer()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def _start_producer(self) -> None:
+        self._stop_producer()
+        self._stop.clear()
+        self._ring.reset()  # chunks left in the queue or unfinished are the producer's again
+        self._queue = queue.Queue(maxsize=max(1, self.prefetch))
+        start = dict(self._state)
+        self._thread = threading.Thread(target=self._producer.run,
+                                        args=(start, self._queue, self._stop),
+                                        name="ndp-loader", daemon=True)
+        _LIVE.add(self)
+        self._thread.start()
+
+    def _stop_producer(self) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop.set()
+        while thread.is_alive():
+            try:  # unblock a producer waiting on a full queue
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            thread.join(timeout=0.05)
+        self._thread = None

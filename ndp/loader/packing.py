@@ -1,0 +1,111 @@
+"""Sequence packing: short SFT examples laid end to end in full rows, with the per-document
+``position_ids`` and ``cu_seqlens`` that keep attention (and the loss) inside each document.
+
+The plan is made on the host from the examples' lengths alone (``ndp.loader.layout`` lays out whole
+chunks of batches with it); the build kernels (``ndp.kernels.build``) then write the tokens
+straight from the packets into the rows.
+
+Layout of a batch of ``B`` rows of ``L`` tokens:
+
+* examples are placed in order, each truncated to ``L``; an example that does not fit in what is
+  left of a row starts the next row; a batch ends when the next example would need row ``B``;
+* ``input_ids`` (pad elsewhere), ``labels`` (-100 at padding, at masked prompt tokens and at the
+  first token of every document, so no document learns to predict the next one's start),
+  ``attention_mask`` (1 on document tokens), ``position_ids`` (0, 1, ... from each document's
+  start; 0 on padding);
+* ``cu_seqlens`` (int32): boundaries of the segments of the flattened (B*L) batch: every
+  document, and each row's padding as a segment of its own; ``max_seqlen`` is the longest. This
+  is what variable-length attention kernels (FlashAttention's ``*_varlen_*``) take.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ndp.kernels._jit import cpu_kernel
+
+
+@cpu_kernel
+def _plan(lengths, rows, row_len, where_row, where_col):  # pragma: no cover - compiled
+    r = 0
+    c = 0
+    for i in range(lengths.shape[0]):
+        m = min(lengths[i], row_len)
+        if c + m > row_len:
+            r += 1
+            c = 0
+        if r == rows:
+            return i
+        where_row[i] = r
+        where_col[i] = c
+        c += m
+    return lengths.shape[0]
+
+
+@cpu_kernel
+def _count_batches(lengths, rows, row_len):  # pragma: no cover - compiled
+    n = lengths.shape[0]
+    at = 0
+    count = 0
+    while at < n:
+        r = 0
+        c = 0
+        i = at
+        while i < n:
+            m = min(lengths[i], row_len)
+            if c + m > row_len:
+                r += 1
+                c = 0
+            if r == rows:
+                break
+            c += m
+            i += 1
+        at = max(i, at + 1)
+        count += 1
+    return count
+
+
+@cpu_kernel
+def _segments(lengths, where_row, rows, row_len, out):  # pragma: no cover - compiled
+    """Segment ends of the flattened batch: each document, then each row's padding."""
+    k = 0
+    i = 0
+    n = lengths.shape[0]
+    for r in range(rows):
+        acc = r * row_len
+        while i < n and where_row[i] == r:
+            if lengths[i] > 0:
+                acc += lengths[i]
+                out[k] = acc
+                k += 1
+            i += 1
+        if acc < (r + 1) * row_len:
+            out[k] = (r + 1) * row_len
+            k += 1
+    return k
+
+
+def plan(lengths: np.ndarray, *, rows: int, row_len: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(row, column) of each placed example and how many were placed (a prefix of them)."""
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    where_row = np.empty(lengths.shape[0], np.int64)
+    where_col = np.empty(lengths.shape[0], np.int64)
+    placed = int(_plan(lengths, rows, row_len, where_row, where_col))
+    return where_row[:placed], where_col[:placed], placed
+
+
+def segments(lengths: np.ndarray, where_row: np.ndarray, *, rows: int,
+             row_len: int) -> np.ndarray:
+    """``cu_seqlens`` (int32) of one batch of placed examples ``lengths`` (already cut to
+    ``row_len``): 0, then the end of every document and of each row's padding, in the flattened
+    (rows * row_len) batch."""
+    ends = np.empty(lengths.shape[0] + rows, np.int64)
+    k = int(_segments(np.ascontiguousarray(lengths, np.int64),
+                      np.ascontiguousarray(where_row, np.int64), rows, row_len, ends))
+    return np.concatenate([[0], ends[:k]]).astype(np.int32)
+
+
+def count_batches(lengths: np.ndarray, rows: int, row_len: int) -> int:
+    """How many batches of ``rows`` rows of ``row_len`` the examples ``lengths`` fill when
+    placed in order as ``plan`` places them (each batch takes at least one example)."""
+    return int(_count_batches(np.ascontiguousarray(lengths, np.int64), rows, row_len))

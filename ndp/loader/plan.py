@@ -1,0 +1,262 @@
+"""Plan: which packets this rank reads each epoch, in which order, and how they are cut into
+chunks (the first stage of the Loader's pipeline: plan, stage, decode, serve).
+
+The order, rank split, CRC-Drop and mixing are ``ndp.loader.order``'s pure functions of the seed and
+epoch.
+
+Every epoch has a batch count known before it starts (``len(loader)``), and every rank delivers
+that many (else a distributed training loop waits on a collective that one rank never joins):
+each rank works out every rank's share (no communication: all of it is a function of the seed,
+the epoch and the index), the shares are cut to the shortest one's packet count (what is cut is
+counted as ``rank_balance``), and the epoch's batch count is the smallest any rank's share
+makes by the index. That count is exact for ``padded`` and ``packing`` batches whatever is
+corrupt (a corrupt packet makes its batch shorter, not absent); in ``packed`` mode a rank whose
+corrupt packets leave its stream short goes on from the start of its share (counted as
+``repeated``) to deliver it, with one rank as with several. A chunk is a run of consecutive
+packets of the share that holds ``batches`` batches by the index's token counts; the batches themselves are laid out after decoding (``ndp.loader.layout``),
+from what the packets really hold, so the cut never changes a batch: with fewer batches per
+chunk, or more, the Loader delivers the same ones.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ndp.loader.packing import count_batches, plan as place
+from ndp.store.corpus import Corpus
+from ndp.errors import ConfigError
+from ndp.loader.order import (
+    WINDOW_BYTES,
+    check_mix_size,
+    check_window,
+    drop_mask,
+    epoch_order,
+    mix,
+    rank_share,
+)
+
+
+@dataclass(frozen=True)
+class Share:
+    """This rank's packets of one epoch (see the module docstring)."""
+
+    #: share position -> global packet number; in packed mode the share twice over (positions
+    #: from ``length`` on repeat it, for a rank left short by corruption)
+    packets: np.ndarray
+    length: int  #: the share's own packets
+    batches: int  #: batches every rank delivers this epoch (``len(loader)``)
+    dropped: int = 0  #: CRC-Drop: packets of this rank's part of the order dropped on purpose
+    mix_unused: dict = field(default_factory=dict)  #: mixing: per source, packets left unused
+    mix_repeated: dict = field(default_factory=dict)  #: mixing: per source, packets taken again
+    balanced: int = 0  #: packets cut from the share's end so that every rank has as many
+    #: an elastic resume (``ndp.loader.elastic``): packets earlier ranks were inside of, given again
+    redelivered: int = 0
+
+
+class Plan:
+    """This rank's share of each epoch and the chunks of it (see the module docstring)."""
+
+    def __init__(self, corpus: Corpus, *, mode: str, batch_size: int, seq_len: int,
+                 shuffle: bool, seed: int, rank: int, world_size: int, crc_drop_rate: float,
+                 mix: dict | None, mix_by: str, mix_size: str | int = "shortest",
+                 shuffle_window: int | str = WINDOW_BYTES) -> None:
+        self.corpus, self.mode = corpus, mode
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.crc_drop_rate = crc_drop_rate
+        check_mix_size(mix_size)
+        self._window_bytes = check_window(shuffle_window)
+        self.shuffle_window = "all" if self._window_bytes is None else self._window_bytes
+        self.mix_size = mix_size if isinstance(mix_size, str) else int(mix_size)
+        self._setup_mix(mix, mix_by)
+        self._shares: dict[int, Share] = {}
+        self._shard_bytes = np.array([s.size for s in corpus.shards], np.int64)
+        self._memo_share: np.ndarray | None = None
+        self._memo: dict[int, int] = {}
+        #: an epoch whose rest comes from a run with other ranks (``ndp.loader.elastic.Remainder``)
+        self.elastic: Any = None
+
+    def variant(self, *, rank: int, world_size: int, batch_size: int, seq_len: int) -> Plan:
+        """This plan for another rank, world size or batch shape (the same data, order,
+        mixing, CRC-Drop and elastic remainder): how an earlier run's ranks cut their epochs."""
+        other = copy.copy(self)
+        other.rank, other.world_size = rank, world_size
+        other.batch_size, other.seq_len = batch_size, seq_len
+        other._shares, other._memo_share, other._memo = {}, None, {}
+        return other
+
+    def set_elastic(self, remainder: Any) -> None:
+        """Take the rest of ``remainder.epoch`` from ``remainder`` (or nothing: ``None``)."""
+        self.elastic = remainder
+        self._shares = {}
+
+    # ------------------------------------------------------------------------------ shares
+    def share(self, epoch: int) -> Share:
+        """This rank's ``Share`` of ``epoch`` (after CRC-Drop, mixing and the rank balance)."""
+        have = self._shares.get(epoch)
+        if have is not None:
+            return have
+        rest = self.elastic if self.elastic is not None and self.elastic.epoch == epoch else None
+        if rest is not None:  # already dropped and mixed by the run it comes from
+            every = [(rank_share(rest.packets, r, self.world_size), 0, {}, {})
+                     for r in range(self.world_size)]
+        else:
+            order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch,
+                                shuffle=self.shuffle, shard_bytes=self._shard_bytes,
+                                window_bytes=self._window_bytes)
+            dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
+                                rate=self.crc_drop_rate)
+            every = [self._kept(order, dropped, epoch, r) for r in range(self.world_size)]
+        m = min(k.shape[0] for k, *_ in every)
+        kept, n_dropped, unused, again = every[self.rank]
+        batches = min(self.batches_of(k[:m]) for k, *_ in every)
+        own = kept[:m]
+        packets = np.concatenate([own, own]) if self.mode == "packed" else own
+        share = Share(packets, m, batches, n_dropped, unused, again, kept.shape[0] - m,
+                      0 if rest is None else int(((rest.partial % self.world_size == self.rank)
+                                                  & (rest.partial // self.world_size < m)).sum()))
+        # the producer works an epoch ahead of the consumer (and of len()): keep two
+        self._shares[epoch] = share
+        while len(self._shares) > 2:
+            self._shares.pop(next(iter(self._shares)), None)
+        return share
+
+    def _kept(self, order: np.ndarray, dropped: np.ndarray, epoch: int,
+              rank: int) -> tuple[np.ndarray, int, dict, dict]:
+        """Rank ``rank``'s packets of the epoch's ``order`` after CRC-Drop and mixing, how many
+        CRC-Drop removed, and per source how many packets mixing left unused and took again."""
+        share = rank_share(order, rank, self.world_size)
+        kept = share[~dropped[share]]
+        unused_by_source: dict[str, int] = {}
+        again_by_source: dict[str, int] = {}
+        if self._mix_keys is not None:
+            key = self._source_key(kept)
+            parts = [kept[key == k] for k in range(len(self._mix_names))]
+            size = self.mix_size
+            if not isinstance(size, str):  # packets per epoch, all ranks: this rank's part
+                size = size // self.world_size + (rank < size % self.world_size)
+            kept, unused, again = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch,
+                                      rank=rank, size=size)
+            unused_by_source = {name: int(n) for name, n in zip(self._mix_names, unused) if n}
+            again_by_source = {name: int(n) for name, n in zip(self._mix_names, again) if n}
+        return kept, int(dropped[share].sum()), unused_by_source, again_by_source
+
+    def batches_of(self, share: np.ndarray) -> int:
+        """Batches ``share`` makes by the index's token counts (what it makes when nothing in
+        it is corrupt)."""
+        B, T = self.batch_size, self.seq_len
+        if self.mode == "padded":
+            return -(-share.shape[0] // B)
+        tokens = self.corpus.tokens[share]
+        if self.mode == "packed":
+            return max(0, (int(tokens.sum()) - 1) // (B * T))
+        return count_batches(tokens, B, T)
+
+    def by_source(self, share: np.ndarray, counted: dict) -> None:
+        """Turn a batch's ``_range`` of newly counted share positions into packets per source
+        (mixing only)."""
+        a, b = counted.pop("_range", (0, 0))
+        if self._mix_keys is not None and b > a:
+            n = np.bincount(self._source_key(share[a:b]), minlength=len(self._mix_names))
+            counted["sources"] = {name: int(k) for name, k in zip(self._mix_names, n) if k}
+
+    # ------------------------------------------------------------------------------ chunks
+    def chunk_end(self, share: np.ndarray, pos: int, tok: int, batches: int) -> int:
+        """The share position where a chunk of ``batches`` batches from ``(pos, tok)`` ends,
+        by the index's token counts."""
+        n = share.shape[0]
+        B, T = self.batch_size, self.seq_len
+        if self.mode == "padded":
+            return min(pos + batches * B, n)
+        if self.mode == "packed":
+            need = tok + batches * B * T + 1
+            ahead = 64  # a bounded look-ahead: never a cumulative sum over the rest of the epoch
+            while True:
+                cum = np.cumsum(self.corpus.tokens[share[pos: pos + ahead]])
+                if (cum.shape[0] and cum[-1] >= need) or pos + ahead >= n:
+                    break
+                ahead *= 4
+            return min(pos + int(np.searchsorted(cum, need)) + 1, n)
+        at = pos
+        for _ in range(batches):  # packing: a batch takes its candidates when all are valid
+            if at >= n:
+                break
+            at = self.candidates(share, at)
+        return min(at, n)
+
+    def candidates(self, share: np.ndarray, at: int) -> int:
+        """Packing: the end of the candidates of the batch that starts at share position
+        ``at``: the packets whose index lengths fill ``batch_size`` rows (at least one).
+        Remembered for the share last asked about: a chunk's plan and its layout ask for the
+        same positions."""
+        if self._memo_share is not share:
+            self._memo_share, self._memo = share, {}
+        q = self._memo.get(at)
+        if q is not None:
+            return q
+        B, L = self.batch_size, self.seq_len
+        cap = 8 * B
+        while True:
+            window = self.corpus.tokens[share[at: at + cap]]
+            _, _, fits = place(window, rows=B, row_len=L)
+            if fits < window.shape[0] or at + cap >= share.shape[0]:
+                q = self._memo[at] = at + max(fits, 1)
+                if len(self._memo) > 4096:  # positions behind the producer are not asked again
+                    self._memo = {at: q}
+                return q
+            cap *= 2
+
+    # ------------------------------------------------------------------------------ mixing
+    def _setup_mix(self, weights: dict | None, mix_by: str) -> None:
+        """Sources and their weights; every source present in the corpus must have a weight
+        (0 leaves it out on purpose), so no packet is left out silently."""
+        self._mix_keys = self._mix_weights = None
+        self._mix_names: list[str] = []
+        self.mix_spec: list | None = None
+        self._mix_by = mix_by
+        if mix_by not in ("group", "src"):
+            raise ConfigError(f"mix_by must be 'group' or 'src', got {mix_by!r}")
+        if weights is None:
+            return
+        corpus = self.corpus
+        if mix_by == "group":
+            present: dict[str, Any] = {name: g for g, name in enumerate(corpus.groups)}
+        else:
+            from ndp.wire.format import Src
+
+            present = {}
+            for v in np.unique(corpus.src).tolist():
+                try:
+                    present[Src(v).name] = v
+                except ValueError:
+                    present[str(v)] = v
+        named = {}
+        for key, w in weights.items():
+            name = key.name if hasattr(key, "name") else str(key)
+            if isinstance(key, int) and mix_by == "src" and not hasattr(key, "name"):
+                name = next((n for n, v in present.items() if v == key), str(key))
+            if name not in present:
+                raise ConfigError(f"mix names {key!r}, which is not a {mix_by} of this corpus "
+                                  f"(it has {sorted(present)})")
+            named[name] = float(w)
+        missing = sorted(set(present) - set(named))
+        if missing:
+            raise ConfigError(f"mix gives no weight to {missing}; give each {mix_by} a weight "
+                              f"(0 to leave it out on purpose)")
+        self._mix_names = sorted(named)
+        self._mix_weights = np.array([named[n] for n in self._mix_names])
+        values = np.array([present[n] for n in self._mix_names], np.int64)
+        lookup = np.full(256 if mix_by == "src" else len(corpus.groups), -1, np.int64)
+        lookup[values] = np.arange(values.shape[0])
+        self._mix_keys = lookup
+        self.mix_spec = [[n, named[n]] for n in self._mix_names]
+        mix([np.zeros(0, np.int64)] * len(values), self._mix_weights, seed=0, epoch=0, rank=0)
+
+    def _source_key(self, packets: np.ndarray) -> np.ndarray:
+        """Mixing source number of each packet."""
+        raw = self.corpus.group[packets] if self._mix_by == "group" else self.corpus.src[packets]
+        return self._mix_keys[raw]

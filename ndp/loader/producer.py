@@ -1,0 +1,130 @@
+"""The Loader's producer thread: plan, stage and decode chunk after chunk, epoch after epoch,
+into a bounded queue that the consumer (``ndp.loader.loader``) serves from (``ndp.loader.serve``).
+
+Each epoch delivers exactly its ``Share.batches`` batches (``ndp.loader.plan``); what it leaves out,
+repeats or finds corrupt is counted by the batch that reaches it or at the epoch's end.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from ndp.loader.chunks import ChunkDecoder
+from ndp.errors import DataError
+from ndp.loader.plan import Plan
+from ndp.loader.serve import Ring
+
+
+class Failure:
+    """An exception raised in the producer, handed to the consumer in place of a chunk."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+EPOCH_END = object()  # the producer's last item of an epoch
+
+
+class Producer:
+    """The producer thread's work: plan, stage, decode, chunk after chunk, epoch after epoch.
+    It references only what makes batches, not the ``Loader`` the consumer holds, so dropping
+    the last reference to a ``Loader`` collects it (and its ``__del__`` stops the thread)."""
+
+    def __init__(self, plan: Plan, chunks: ChunkDecoder, ring: Ring) -> None:
+        self.plan, self.chunks, self.ring = plan, chunks, ring
+        self._size = 1  # batches in the next chunk
+
+    def run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
+        """Put ``("chunk", epoch, Chunk)`` and, at each epoch's end, ``(EPOCH_END, next
+        state, what the end counted)`` into ``out`` from ``state`` on, until ``stop``; an
+        exception is handed to the consumer in place of a chunk."""
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        # the first chunks after a start are small (1, 2, 4, ... batches): the first batch
+        # comes after one batch's decode, not a whole chunk's
+        self._size = 1
+        try:
+            while not stop.is_set():
+                tail = self._epoch(state, put, stop)
+                if tail is None:
+                    return
+                state = tail[1]
+                if not put(tail):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(Failure(exc))
+
+    def _epoch(self, state: dict, put: Any, stop: threading.Event) -> tuple | None:
+        """The chunks of the rest of ``state``'s epoch; returns the epoch's end item (None if
+        stopped)."""
+        plan = self.plan
+        epoch, pos, tok, done = state["epoch"], state["pos"], state["tok"], state["batch"]
+        sh = plan.share(epoch)
+        share, n, cap = sh.packets, sh.packets.shape[0], sh.batches
+        fresh = pos == 0 and tok == 0
+        pending = {"dropped_on_purpose": sh.dropped} if fresh else {}
+        if fresh and sh.redelivered:
+            pending["repeated"] = sh.redelivered
+        counted_upto = pos  # share positions before this were counted by an earlier batch
+        end: dict = {}
+        plan.corpus.will_read(share[:sh.length], pos)  # remote shards: fetched in this order
+        while pos < n and done < cap:
+            slot = self.ring.acquire(stop)
+            if slot is None:
+                return None
+            plan.corpus.advance(pos)
+            size = min(self._size, cap - done)
+            # packed: the chunk that makes the epoch's last batch reads to the share's end when
+            # that is all it needs, so that the leftover packets are decoded and counted
+            own_end = sh.length if plan.mode == "packed" and size == cap - done else None
+            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size, own_end)
+            self._size = min(2 * self._size, self.chunks.chunk_batches)
+            layout = chunk.layout
+            for batch in layout.batches:
+                done += 1
+                batch.state["batch"] = done
+                a, b = batch.counted["_range"]
+                if b > sh.length:  # packed: past the share's own packets, repeating it
+                    batch.counted["repeated"] = b - max(a, sh.length)
+                plan.by_source(share, batch.counted)
+            if layout.batches:
+                layout.batches[0].counted.update(pending)
+                pending = {}
+                counted_upto = (pos + layout.packets_used if plan.mode == "packed"
+                                else layout.batches[-1].state["pos"])
+                pos, tok = layout.batches[-1].state["pos"], layout.batches[-1].state["tok"]
+                if not put(("chunk", epoch, chunk)):
+                    return None
+            else:
+                self.ring.give_back(slot)
+            if layout.end is not None:
+                end = layout.end
+                plan.by_source(share, end)
+                break
+            if not layout.batches:
+                break
+        if done < cap:
+            raise DataError(
+                f"rank {plan.rank}: epoch {epoch} holds too few valid tokens to deliver the "
+                f"{cap} batches every rank delivers (it delivered {done}, even repeating its "
+                f"share); its shards are mostly corrupt: run 'ndp verify' on the data")
+        # every rank stops at the same batch: the rest of this share, and what was cut from
+        # its end to make the shares equal, is left out, counted
+        left = sh.balanced + max(sh.length - counted_upto, 0)
+        if left:
+            end["rank_balance"] = left
+        end.update(pending)
+        if sh.mix_unused:
+            end["mix_unused"] = sh.mix_unused
+        if sh.mix_repeated:
+            end["mix_repeated"] = sh.mix_repeated
+        return (EPOCH_END, {"epoch": epoch + 1, "pos": 0, "tok": 0, "batch": 0}, end)

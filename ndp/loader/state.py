@@ -1,0 +1,151 @@
+"""Resume states checked field by field before a ``Loader`` trusts them.
+
+A state is the epoch and a (packet, token) position in this rank's order of that epoch, plus
+the dataset fingerprint and settings it is only valid for (``Loader.state_dict``). A state from
+another dataset or configuration, or with positions outside its epoch, would make the loader
+deliver other batches than the run it came from (or none, or loop on empty ones), so it is
+refused with a ``LoaderStateError`` that names the field.
+
+A state also carries ``check``, the crc32 of its other fields: a state damaged in storage into
+another *valid* position (which no field check can tell from a real one) is refused too. A
+state edited on purpose (say, back to the start of its epoch) without its ``check`` is accepted
+with a warning, its fields still checked one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import warnings
+import zlib
+from typing import Any
+
+from ndp.errors import LoaderStateError
+from ndp.loader.plan import Plan
+
+#: the settings a state must have been made with, besides the dataset
+SETTINGS = ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
+            "crc_drop_rate", "n_packets", "mix", "vocab_size", "mix_size", "order",
+            "shuffle_window")
+#: state versions before the current one that are still read (see ``check_state``)
+OLDER = (1, 2, 3)
+
+
+def checksum(state: dict) -> int:
+    """crc32 of ``state``'s fields but ``check``, as canonical JSON."""
+    fields = {k: v for k, v in state.items() if k != "check"}
+    return zlib.crc32(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
+
+
+def seal(state: dict) -> dict:
+    """``state`` with its ``check``."""
+    return {**state, "check": checksum(state)}
+
+
+def _int(state: dict, key: str) -> int:
+    value = state.get(key)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise LoaderStateError(f"loader state field {key!r} is {value!r}; expected an integer "
+                               f"(the state is damaged or not a Loader's)")
+    return int(value)
+
+
+def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
+    """The (epoch, pos, tok, batch) of ``state`` if it belongs to the loader whose own state
+    is ``mine``; ``LoaderStateError`` otherwise."""
+    if not isinstance(state, dict):
+        raise LoaderStateError(f"a loader state is a dict (from Loader.state_dict()), got "
+                               f"{type(state).__name__}")
+    version = state.get("version")
+    if version not in (*OLDER, mine["version"]):
+        raise LoaderStateError(f"loader state version {version!r} is not {mine['version']} "
+                               f"(nor {', '.join(map(str, OLDER))}): it was not written by "
+                               f"this ndp's Loader.state_dict()")
+    if version in OLDER and state.get("shuffle") and (state.get("pos") or state.get("tok")
+                                                       or state.get("batch")):
+        raise LoaderStateError(
+            f"loader state version {version} is mid-epoch in a shuffled order this ndp no "
+            f"longer makes (it now shuffles documents across windows of shards, "
+            f"{mine['order']!r}): its position would name other packets. Resume from the start "
+            f"of its epoch (set 'pos', 'tok' and 'batch' to 0, and delete 'check')")
+    if version in (1, 2) and mine["world_size"] > 1 and (state.get("pos") or state.get("tok")):
+        raise LoaderStateError(
+            f"loader state version {version} was written before every rank delivered the same "
+            f"number of batches per epoch: with {mine['world_size']} ranks its position is not "
+            f"one this ndp reaches; resume from the start of its epoch (set 'pos' and 'tok' to "
+            f"0) or from a newer state")
+    if version not in (1, 2):  # states since version 3 carry a checksum
+        if "check" not in state:
+            warnings.warn("loader state has no 'check' (edited by hand?): its fields are "
+                          "checked one by one, but a damaged position cannot be told from a "
+                          "real one", stacklevel=3)
+        else:
+            try:
+                ok = state["check"] == checksum(state)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise LoaderStateError(
+                    "loader state is damaged: its 'check' does not match its fields (changed "
+                    "after Loader.state_dict() wrote it); resume from an intact copy")
+    if version == 1:  # written before states carried the dataset's fingerprint
+        warnings.warn("loader state version 1 has no dataset fingerprint: it is checked against "
+                      "the settings and packet count only", stacklevel=3)
+    elif state.get("fingerprint") != mine["fingerprint"]:
+        raise LoaderStateError(
+            f"loader state was made on dataset {state.get('fingerprint')!r}, this loader reads "
+            f"{mine['fingerprint']!r} (other shards, sizes or contents): its positions would "
+            f"mean other packets; resume on the dataset it was made on")
+    for key in SETTINGS:
+        if key == "vocab_size" and version in (1, 2):
+            continue  # older states did not record it
+        if key == "mix_size" and key not in state and mine[key] == "shortest":
+            continue  # states before mix_size existed mixed this way
+        if key in ("order", "shuffle_window") and version in OLDER:
+            continue  # refused above where the order matters
+        if state.get(key) != mine[key]:
+            elastic = (" (to continue its epoch on another number of ranks or another batch "
+                       "shape, pass the states of all its ranks as a list, or this one with "
+                       "elastic=True in padded and packing mode: ndp.loader.elastic)"
+                       if key in ("world_size", "batch_size", "seq_len") or (
+                           key == "rank" and state.get("world_size") != mine["world_size"])
+                       else "")
+            raise LoaderStateError(f"loader state has {key}={state.get(key)!r}, this loader "
+                                   f"{mine[key]!r}; resume with the same settings and "
+                                   f"shards{elastic}")
+    epoch, pos, tok = _int(state, "epoch"), _int(state, "pos"), _int(state, "tok")
+    if epoch < 0:
+        raise LoaderStateError(f"loader state epoch {epoch} is negative")
+    sh = plan.share(epoch)
+    share, n = sh.packets, sh.packets.shape[0]
+    if version not in (1, 2):  # states since version 3 carry the batch number
+        batch = _int(state, "batch")
+    else:  # one rank (above): the batches before the position, by the index
+        batch = _batches_before(plan, share, min(_int(state, "pos"), sh.length),
+                                _int(state, "tok"))
+    if not 0 <= batch <= sh.batches:
+        raise LoaderStateError(f"loader state batch {batch} is outside epoch {epoch}, in which "
+                               f"every rank delivers {sh.batches} batches")
+    if not 0 <= pos <= n:
+        raise LoaderStateError(f"loader state position {pos} is outside epoch {epoch}, whose "
+                               f"share holds {n} packets on this rank")
+    if tok < 0 or (tok and plan.mode != "packed"):
+        raise LoaderStateError(f"loader state token offset {tok} is impossible in "
+                               f"{plan.mode} mode (0 outside packed mode, never negative)")
+    if tok and (pos >= n or tok >= int(plan.corpus.tokens[share[pos]])):
+        raise LoaderStateError(
+            f"loader state token offset {tok} lies past the end of packet {pos} of epoch "
+            f"{epoch} (a state points inside the packet the next window starts in)")
+    return {"epoch": epoch, "pos": pos, "tok": tok, "batch": batch}
+
+
+def _batches_before(plan: Plan, share: Any, pos: int, tok: int) -> int:
+    """Batches delivered before share position ``pos`` (and token ``tok``) by the index: exact
+    for padded and packing batches; in packed mode exact unless packets before it were
+    corrupt (then the epoch ends that many batches early)."""
+    if plan.mode == "padded":
+        return -(-pos // plan.batch_size)
+    if plan.mode == "packing":
+        return plan.batches_of(share[:pos]) if pos else 0
+    tokens = int(plan.corpus.tokens[share[:pos]].sum()) + max(tok, 0)
+    return tokens // (plan.batch_size * plan.seq_len)

@@ -1,0 +1,72 @@
+"""What a ``Loader`` has delivered: packets, drops by reason, tokens, waits (``loader.stats``).
+
+Counted on the consumer's side, batch by batch, from what each batch's layout counted
+(``ndp.loader.layout``), so the figures describe exactly the batches taken so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoaderStats:
+    """What the loader has delivered so far (consumer side)."""
+
+    batches: int = 0
+    packets: int = 0  # packets of this rank's order taken into batches
+    valid: int = 0
+    corrupt: dict[str, int] = field(default_factory=dict)  # DropReason name -> count
+    dropped_on_purpose: int = 0  # CRC-Drop
+    tokens: int = 0  # tokens delivered (x tokens in packed mode)
+    truncated_tokens: int = 0  # padded and packing rows cut at seq_len (from the packets)
+    #: padded mode, the epoch a loop last started (``ndp.loader.truncation``): the tokens its
+    #: packets hold by the index, and how many of them its rows cut at seq_len (warned past 1%)
+    epoch_tokens: int = 0
+    epoch_truncated_tokens: int = 0
+    unused_tokens: int = 0  # packed: stream tokens left at epoch ends
+    #: several ranks: packets left out so that every rank delivers as many batches, and
+    #: packets delivered twice (packed mode, a rank left short by corrupt packets)
+    rank_balance: int = 0
+    repeated: int = 0
+    wait_seconds: float = 0.0  # consumer time blocked on the producer
+    sources: dict[str, int] = field(default_factory=dict)  # mixing: packets per source
+    mix_unused: dict[str, int] = field(default_factory=dict)  # mixing: left when an epoch ended
+    #: mixing with mix_size "longest" or a number: packets taken again (upsampled sources)
+    mix_repeated: dict[str, int] = field(default_factory=dict)
+    # damage found when a stale index was rebuilt (those bytes are no packets in the index)
+    corrupt_regions: int = 0
+    corrupt_bytes: int = 0
+
+    def add(self, other: dict) -> None:
+        """Add what one batch (or an epoch's end) counted; on the consumer's hot path, so
+        written out key by key."""
+        get = other.get
+        self.packets += get("packets", 0)
+        self.valid += get("valid", 0)
+        self.tokens += get("tokens", 0)
+        self.truncated_tokens += get("truncated_tokens", 0)
+        self.dropped_on_purpose += get("dropped_on_purpose", 0)
+        self.unused_tokens += get("unused_tokens", 0)
+        self.rank_balance += get("rank_balance", 0)
+        self.repeated += get("repeated", 0)
+        for key in ("corrupt", "sources", "mix_unused", "mix_repeated"):
+            found = get(key)
+            if found:
+                mine = getattr(self, key)
+                for name, n in found.items():
+                    mine[name] = mine.get(name, 0) + n
+
+    def as_dict(self) -> dict:
+        return {
+            "batches": self.batches, "packets": self.packets, "valid": self.valid,
+            "corrupt": dict(self.corrupt), "dropped_on_purpose": self.dropped_on_purpose,
+            "tokens": self.tokens, "truncated_tokens": self.truncated_tokens,
+            "unused_tokens": self.unused_tokens, "epoch_tokens": self.epoch_tokens,
+            "epoch_truncated_tokens": self.epoch_truncated_tokens,
+            "rank_balance": self.rank_balance,
+            "repeated": self.repeated, "wait_seconds": round(self.wait_seconds, 6),
+            "corrupt_regions": self.corrupt_regions, "corrupt_bytes": self.corrupt_bytes,
+            "sources": dict(self.sources), "mix_unused": dict(self.mix_unused),
+            "mix_repeated": dict(self.mix_repeated),
+        }

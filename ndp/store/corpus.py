@@ -1,0 +1,316 @@
+"""A corpus: the shards a batch source reads, their indexes, and one packet numbering.
+
+Packets are numbered globally in shard order (shards sorted by name inside a directory): packet
+``g`` is packet ``g - base[s]`` of shard ``s``. Orders, rank splits and resume states are
+written in these numbers, so they do not depend on which backend decodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ndp.errors import ConfigError, DataError, ShardFormatError
+from ndp.wire.format import (
+    FRAME_BYTES,
+    MASK_COUNT_BYTES,
+    SHARD_SUFFIX,
+    SYNC,
+    TYP_MASKED_TABLE,
+    TYP_WIDTH_TABLE,
+)
+from ndp.store.index import Corruption, Index, check_headers, load_index_and_scan
+from ndp.store.manifest import ManifestError, entries_by_name, listed_shards
+from ndp.store.remote import RemoteDataset, RemoteShard, is_url
+from ndp.store.shard import Shard
+
+PathLike = str | os.PathLike
+
+
+def shard_paths(paths: PathLike | Sequence[PathLike], *,
+                manifest: str = "check") -> list[Path]:
+    """Shards named directly, or every ``*.ndp`` inside a directory (sorted by name)."""
+    return [p for p, _ in listed(paths, manifest=manifest)[0]]
+
+
+def listed(paths: PathLike | Sequence[PathLike], *, manifest: str = "check",
+           remote: dict | None = None, datasets: list | None = None
+           ) -> tuple[list[tuple[Any, dict | None]], list[dict]]:
+    """Each shard with its manifest entry (None for a shard named directly or read without a
+    manifest), and the manifests read. A directory must be a whole dataset by its manifest
+    (``ndp.store.manifest.listed_shards``) unless ``manifest`` is "ignore". A URL is a remote
+    dataset (``ndp.store.remote``, opened with the options ``remote``, appended to ``datasets``):
+    its shards are ``RemoteShard`` objects, the others paths."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    out: list[tuple[Any, dict | None]] = []
+    manifests: list[dict] = []
+    for item in items:
+        if is_url(item):
+            if datasets is None:
+                raise ConfigError(f"{item}: a URL; read it with ndp.Loader, NDPDataset or "
+                                  f"RemoteDataset(...).fetch_all()")
+            if manifest == "ignore":
+                raise ConfigError(f"{item}: a remote dataset is found through its manifest "
+                                  f"(the bucket is never listed); manifest='ignore' cannot "
+                                  f"read it")
+            dataset = RemoteDataset(item, **(remote or {}))
+            datasets.append(dataset)
+            out.extend(zip(dataset.shards, dataset.entries))
+            manifests.append(dataset.manifest)
+            continue
+        p = Path(item)
+        if p.is_dir():
+            found, record = listed_shards(p, manifest=manifest)
+            if not found:
+                raise ConfigError(f"{p}: no *{SHARD_SUFFIX} shards in this directory; convert "
+                                  f"data first (ndp convert)")
+            entries = {} if record is None else entries_by_name(record)
+            out.extend((f, entries.get(f.name)) for f in found)
+            if record is not None:
+                manifests.append(record)
+        elif p.exists():
+            out.append((p, None))
+        else:
+            raise ConfigError(f"{p}: no such shard or directory")
+    return out, manifests
+
+
+#: bytes of a file that is no shard quoted in the error, to show what it is (JSONL, CSV, ...)
+_PREVIEW = 16
+
+
+def no_data(shard: Shard, index: Index) -> tuple[str, str] | None:
+    """Why ``shard`` holds nothing a reader can use, and what to do; None if it holds packets
+    (damaged ones too: they are dropped and counted as they are decoded) or is a shard header
+    alone (empty, not damaged).
+
+    A file with no NDP shard header whose first bytes are no packet is not a shard (a JSONL, a
+    CSV renamed), even where a scan finds a "packet" further on: text can hold a 0xAA byte
+    followed by a matching CRC-16 by chance (about 1 in 65,536 per 0xAA byte, which UTF-8 has
+    plenty of). A shard whose bytes after its header hold no valid packet is all damage. Reads
+    nothing for a file that starts with a header or a packet (every shard a converter writes)."""
+    head = shard.header
+    has_magic = head.version is not None or head.problem is not None
+    first = int(index.entries["offset"][0]) if len(index) else -1
+    if not has_magic and first != 0:
+        begins = bytes(shard.read(0, min(_PREVIEW, shard.size))) if shard.size else b""
+        if not begins or begins[0] != SYNC:  # else a headerless stream, damaged at its start
+            what = "an empty file" if not begins else (
+                f"no shard header, and its first bytes ({begins!r}...) are no packet")
+            return (f"{shard.path}: not an NDP shard: {what}",
+                    f"ndp reads the shards 'ndp convert' writes: convert it with 'ndp convert "
+                    f"{shard.path} OUT_DIR --tokenizer NAME' and read OUT_DIR")
+    if len(index) == 0 and (shard.size > head.data_offset or head.problem):
+        header = f"; {head.problem}" if head.problem else ""
+        return (f"{shard.path}: holds no valid packet ({shard.size:,} bytes{header}): all of it "
+                f"is damaged, and a shard with no packet is no dataset",
+                f"'ndp verify {shard.path}' shows the damage; restore the shard, or convert its "
+                f"source again with 'ndp convert'")
+    return None
+
+
+def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
+    """Token count of each packet with payload ``length`` and TYP ``typ``, as a valid packet of
+    that layout holds (0 for TYPs that carry no tokens)."""
+    length = length.astype(np.int64)
+    width = TYP_WIDTH_TABLE[typ].astype(np.int64)
+    masked = TYP_MASKED_TABLE[typ] != 0
+    plain = np.where(width > 0, length // np.maximum(width, 1), 0)
+    # masked: LEN = 2 + N*w + ceil(N/8); N is the floor below or the one after it
+    body = np.maximum(length - MASK_COUNT_BYTES, 0)
+    n0 = (8 * body) // np.maximum(8 * width + 1, 1)
+    fits = MASK_COUNT_BYTES + (n0 + 1) * width + (n0 + 8) // 8 <= length
+    n_masked = n0 + fits
+    return np.where(masked, n_masked, plain)
+
+
+class Corpus:
+    """Shards opened (read with pread, ``ndp.store.files``) with their verified indexes.
+
+    ``paths``: a shard, a directory of shards, a list of them, or a dict naming groups of them
+    (``{"code": "data/code/", "chat": ["a.ndp", "b.ndp"]}``) for mixing by group.
+    ``on_stale`` is passed to ``load_index``: "rebuild" rescans a shard whose sidecar index
+    does not match it (with a warning), "error" refuses it. ``verify`` says how an index is
+    matched to its shard: "size" (the default: size and entries, no read of the data, so a
+    training run does not read the whole data set before its first batch; the decoders check
+    every packet's CRC anyway) or "full" (also the crc32 of every shard, one full read).
+    A URL (``s3://bucket/prefix/``, any fsspec URL) is a remote dataset (``ndp.store.remote``)
+    opened with ``storage_options``, ``cache_dir`` and ``cache_limit``; its shards are fetched
+    into the cache as they are read (``will_read``/``advance`` say in which order).
+    A directory must be a whole dataset by its manifest ``ndp.json`` (``ndp.store.manifest``: a
+    ``ManifestError`` otherwise) unless ``manifest`` is "ignore"; a shard whose crc32 or
+    packet count differs from its manifest entry was damaged after it was written: a warning,
+    and its damaged packets are dropped and counted as they are decoded. A file that is not an
+    NDP shard (a JSONL, a CSV renamed), a shard with no valid packet, and data with no packet
+    at all are refused (``no_data``: a ``ShardFormatError``, a ``DataError``), since a reader
+    would deliver nothing from them; ``manifest="ignore"`` reads them as they are, warned.
+    """
+
+    def __init__(self, paths: PathLike | Sequence[PathLike] | Mapping[str, Any], *,
+                 on_stale: str = "rebuild", verify: str = "size", manifest: str = "check",
+                 storage_options: dict | None = None, cache_dir: PathLike | None = None,
+                 cache_limit: int | None = None):
+        remote = {"storage_options": storage_options, "cache_dir": cache_dir,
+                  "cache_limit": cache_limit}
+        #: the remote datasets read (``ndp.store.remote.RemoteDataset``)
+        self.remotes: list[RemoteDataset] = []
+        if isinstance(paths, Mapping):
+            self.groups = list(paths)
+            grouped = [listed(paths[name], manifest=manifest, remote=remote,
+                              datasets=self.remotes) for name in self.groups]
+        else:
+            self.groups = ["all"]
+            grouped = [listed(paths, manifest=manifest, remote=remote, datasets=self.remotes)]
+        pairs = [pair for ps, _ in grouped for pair in ps]
+        shard_group = [g for g, (ps, _) in enumerate(grouped) for _ in ps]
+        #: the manifests of the directories read (``ndp.json``, as dicts)
+        self.manifests = [m for _, ms in grouped for m in ms]
+        #: the largest vocabulary size the manifests record (None if none does)
+        sizes = [m.get("tokenizer", {}).get("vocab_size") for m in self.manifests]
+        self.vocab_size = max([v for v in sizes if isinstance(v, int) and v > 0], default=None)
+        if not pairs:
+            raise ConfigError("no shards given")
+        self.shards = [p if isinstance(p, Shard) else Shard(p) for p, _ in pairs]
+        self.paths = [s.path for s in self.shards]
+        for path, (_, entry), shard in zip(self.paths, pairs, self.shards):
+            if entry is not None and shard.size != entry["bytes"]:
+                raise ManifestError(
+                    f"{path}: {shard.size:,} bytes where the dataset's manifest recorded "
+                    f"{entry['bytes']:,}: the shard was cut, extended or replaced after the "
+                    f"dataset was written (or is still being copied). Restore it or re-run the "
+                    f"conversion")
+        self.indexes = []
+        #: (shard path, region) for every corrupt region a framing scan found while rebuilding a
+        #: stale or missing index: damage the index no longer lists as packets
+        self.corruption: list[tuple[Path, Corruption]] = []
+        for shard in self.shards:
+            index, scan = load_index_and_scan(shard, on_stale=on_stale, verify=verify)
+            self.indexes.append(index)
+            if scan is not None:
+                self.corruption.extend((shard.path, c) for c in scan.corrupt)
+            _refuse(no_data(shard, index), manifest)
+            shard.close()  # a rebuild scanned its mapping: read on with pread, files closed
+        for path, (_, entry), index in zip(self.paths, pairs, self.indexes):
+            if entry is not None and (index.shard_crc32 != entry["crc32"]
+                                      or len(index) != entry.get("packets", len(index))):
+                warnings.warn(
+                    f"{path}: crc32 {index.shard_crc32:#010x} and {len(index)} packets where the "
+                    f"dataset's manifest recorded {entry['crc32']:#010x} and "
+                    f"{entry.get('packets')}: the shard was damaged after it was written; its "
+                    f"damaged packets are dropped and counted as they are decoded ('ndp verify' "
+                    f"shows where)", stacklevel=3)
+        sizes = np.array([len(i) for i in self.indexes], np.int64)
+        self.base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.n_packets = int(self.base[-1])
+        if not self.n_packets:  # shards of a header alone
+            more = f" and {len(self.paths) - 1} more" if len(self.paths) > 1 else ""
+            _refuse((f"{self.paths[0]}{more}: no packet in the data: nothing to read",
+                     "convert data into it with 'ndp convert'"), manifest, DataError)
+        entries = [i.entries for i in self.indexes]
+        self.offsets = np.concatenate([e["offset"].astype(np.int64) for e in entries]) \
+            if entries else np.zeros(0, np.int64)
+        self.src = np.concatenate([e["src"] for e in entries])
+        #: each packet's frame in its file, as its index entry says: 6 + LEN + 2 bytes
+        self.frame_bytes = np.concatenate(
+            [e["length"].astype(np.int64) + FRAME_BYTES for e in entries])
+        #: whether every entry was checked against its packet's header when loaded ("full");
+        #: else ``check_headers`` checks the packets as they are decoded
+        self.headers_checked = verify == "full"
+        self.tokens = np.concatenate([tokens_of(e["length"], e["typ"]) for e in entries])
+        #: group number of each global packet (``groups[g]`` names it)
+        self.group = np.repeat(np.asarray(shard_group, np.int64), sizes)
+        #: what a resume state must have been made on: the shards' names, sizes, crc32s (as
+        #: their indexes record them) and packet counts, hashed
+        digest = hashlib.sha256()
+        for group, path, shard, index in zip(shard_group, self.paths, self.shards,
+                                             self.indexes):
+            digest.update(f"{self.groups[group]}/{path.name}:{shard.size}:"
+                          f"{index.shard_crc32}:{len(index)};".encode())
+        self.fingerprint = digest.hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return self.n_packets
+
+    def shard_of(self, packets: np.ndarray) -> np.ndarray:
+        """Shard number of each global packet number."""
+        return np.searchsorted(self.base, packets, side="right") - 1
+
+    def check_headers(self, packets: np.ndarray, data: np.ndarray | None = None,
+                      at: np.ndarray | None = None) -> None:
+        """``IndexMismatchError`` if a packet's header disagrees with its index entry (LEN,
+        SRC, DST, TYP): what an index matched by size alone leaves to be checked when the
+        packets are read. ``data``/``at``: the packets' bytes already read (host staging:
+        packet ``k`` at ``data[at[k]:]``), else their headers are read from the files.
+        Nothing to do when the indexes were checked whole at load."""
+        if self.headers_checked or packets.shape[0] == 0:
+            return
+        shard_ids = self.shard_of(packets)
+        for s in np.unique(shard_ids).tolist():
+            mine = shard_ids == s
+            local = packets[mine] - self.base[s]
+            check_headers(self.indexes[s].entries, local, self.shards[s],
+                          where=self.shards[s].index_path, data=data,
+                          at=None if at is None else at[mine])
+
+    def will_read(self, share: np.ndarray, pos: int) -> None:
+        """A reader will read the packets ``share`` in order, from position ``pos`` on: remote
+        datasets fetch their shards in that order (``ndp.store.prefetch``). Nothing for local
+        shards."""
+        if not self.remotes:
+            return
+        from ndp.store.prefetch import Prefetcher
+
+        shard_ids = self.shard_of(share)
+        n = len(self.shards)
+        first = np.full(n, -1, np.int64)
+        last = np.full(n, -1, np.int64)
+        seen, at = np.unique(shard_ids, return_index=True)
+        first[seen] = at
+        seen, at = np.unique(shard_ids[::-1], return_index=True)
+        last[seen] = share.shape[0] - 1 - at
+        lo = 0
+        for dataset in self.remotes:  # its shards are consecutive in the corpus
+            while not (isinstance(self.shards[lo], RemoteShard)
+                       and self.shards[lo].dataset is dataset):
+                lo += 1
+            hi = lo + len(dataset.shards)
+            if dataset.prefetcher is None:
+                dataset.prefetcher = Prefetcher(dataset)
+            dataset.prefetcher.plan(first[lo:hi], last[lo:hi], pos)
+            lo = hi
+
+    def advance(self, pos: int) -> None:
+        """The reader of ``will_read`` is at position ``pos``."""
+        for dataset in self.remotes:
+            if dataset.prefetcher is not None:
+                dataset.prefetcher.advance(pos)
+
+    def close(self) -> None:
+        """Close every shard's file (a new read opens it again) and stop remote datasets'
+        prefetching."""
+        for shard in self.shards:
+            shard.close()
+        for dataset in self.remotes:
+            dataset.close()
+
+    def __repr__(self) -> str:
+        return f"Corpus({len(self.shards)} shards, {self.n_packets} packets)"
+
+
+def _refuse(problem: tuple[str, str] | None, manifest: str, error: type = ShardFormatError
+            ) -> None:
+    """Raise ``error`` for ``problem`` (what, and what to do), from ``no_data``; with
+    ``manifest="ignore"`` (shards read as they are, on purpose) warn instead."""
+    if problem is None:
+        return
+    what, hint = problem
+    if manifest != "ignore":
+        raise error(f"{what}. {hint} (or pass `manifest='ignore'` to read such files as they "
+                    f"are, on purpose)")
+    warnings.warn(f"{what}; read as it is (`manifest='ignore'`)", stacklevel=4)

@@ -1,0 +1,64 @@
+"""The embedded default job, on a slice of the standard library."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ndp.cli.main import build_parser
+from ndp.cli.demo import run_demo, sft_pairs, stdlib_files
+from ndp.errors import ConfigError
+
+
+def test_sft_pairs_split_docstring_from_body():
+    src = 'def f(a):\n    """Add one."""\n    return a + 1\n\ndef g():\n    pass\n'
+    assert sft_pairs(src) == [{"prompt": 'def f(a):\n    """Add one."""\n',
+                               "completion": "    return a + 1\n"}]
+
+
+def test_demo_runs_end_to_end(tmp_path):
+    lines = []
+    report = run_demo(tmp_path, max_files=12, vocab_size=600, progress=False, say=lines.append)
+    assert report.files == 12
+    assert report.roundtrip_packets == sum(s["packets"] for s in report.convert.values())
+    assert report.convert["sft"]["examples"] > 0 and report.convert["code"]["tokens"] > 0
+    assert report.decode["padded"]["tokens"] == report.convert["sft"]["tokens"]
+    assert report.decode["packed"]["tokens"] > 0
+    assert any("round trip OK" in line for line in lines)
+    assert (tmp_path / "tokenizer" / "tokenizer.json").exists()
+    # it ends saying where it wrote how much, and what to do next
+    done = next(i for i, line in enumerate(lines) if line.startswith("done: "))
+    assert f"under {tmp_path.resolve()}" in lines[done] and lines[done + 1] == "Next:"
+    _run_next_steps_without_torch(lines[done + 2:], tmp_path)
+
+
+def _run_next_steps_without_torch(lines: list[str], tmp_path: Path) -> None:
+    """The commands the demo prints run as printed with what the main job's install has
+    (neural-datagram[tokenize]: no torch), torch made unimportable here."""
+    blocker = tmp_path / "no-torch" / "torch"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('torch is not installed')\n")
+    env = {**os.environ, "PYTHONPATH": str(blocker.parent)}
+    commands = [shlex.split(line.strip()) for line in lines
+                if line.strip().split(" ", 1)[0] in ("ndp", "python")]
+    assert [c[0] for c in commands] == ["ndp", "python"]
+    for argv in commands:
+        argv = ([sys.executable, "-m", "ndp.cli"] if argv[0] == "ndp" else [sys.executable]) \
+            + argv[1:]
+        run = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert run.returncode == 0, f"{lines}\n{run.stderr}"
+        assert "Traceback" not in run.stderr
+    assert "batches; the first:" in run.stdout and "'x': ((8, 1024), 'int64')" in run.stdout
+
+
+def test_demo_max_files_zero_is_refused_not_all():
+    with pytest.raises(ConfigError, match="at least 1"):
+        stdlib_files(0)
+    assert len(stdlib_files(3)) == 3
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--max-files", "0"])

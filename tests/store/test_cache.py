@@ -1,0 +1,95 @@
+"""ndp.store.cache: a shard lands under its name only whole and checked; eviction takes the least
+recently used shard that no live process pins; a cache its pins fill, or a full disk, is a
+``CacheFullError`` that names the limit, and leaves no temporary file behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+
+import pytest
+
+from ndp.store.cache import PINS, ShardCache
+from ndp.errors import CacheFullError
+
+
+def writer(data: bytes):
+    def download(out):
+        out.seek(0)
+        out.write(data)
+        out.truncate()
+    return download
+
+
+def test_a_download_lands_whole_and_a_second_get_is_a_hit(tmp_path):
+    cache = ShardCache(tmp_path)
+    path = cache.get("a.ndp", 5, writer(b"12345"))
+    assert path.read_bytes() == b"12345"
+    assert cache.get("a.ndp", 5, writer(b"XXXXX")).read_bytes() == b"12345"
+    assert (cache.stats.downloads, cache.stats.hits) == (1, 1)
+
+
+def test_a_failed_download_leaves_nothing(tmp_path):
+    cache = ShardCache(tmp_path)
+
+    def broken(out):
+        out.write(b"12")
+        raise ConnectionResetError("dropped")
+
+    with pytest.raises(ConnectionResetError):
+        cache.get("a.ndp", 5, broken)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PINS, "a.ndp.lock"]
+
+
+def test_a_full_disk_is_a_cache_full_error_naming_the_fix(tmp_path):
+    cache = ShardCache(tmp_path)
+
+    def no_space(out):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CacheFullError, match="disk is full.*cache_limit="):
+        cache.get("a.ndp", 5, no_space)
+    assert not list(tmp_path.glob("a.ndp*.tmp")) and not (tmp_path / "a.ndp").exists()
+
+
+def test_eviction_takes_the_least_recently_used_unpinned_shard(tmp_path):
+    cache = ShardCache(tmp_path, limit=10)
+    for name in ("a.ndp", "b.ndp"):
+        cache.get(name, 5, writer(b"x" * 5))
+        time.sleep(0.01)
+    cache.touch("a.ndp")  # b is now the least recently used
+    cache.get("c.ndp", 5, writer(b"y" * 5))
+    assert sorted(p.name for p in tmp_path.glob("*.ndp")) == ["a.ndp", "c.ndp"]
+    cache.pin({"a.ndp"})
+    cache.touch("c.ndp")
+    cache.get("d.ndp", 5, writer(b"z" * 5))  # a is older, but pinned
+    assert sorted(p.name for p in tmp_path.glob("*.ndp")) == ["a.ndp", "d.ndp"]
+
+
+def test_pins_of_a_live_process_hold_and_of_a_dead_one_do_not(tmp_path):
+    cache = ShardCache(tmp_path, limit=10, wait=0.3)
+    for name in ("a.ndp", "b.ndp"):
+        cache.get(name, 5, writer(b"x" * 5))
+    other = tmp_path / PINS / f"{os.getppid()}-1"  # a live process (the parent)
+    other.write_text(json.dumps(["a.ndp", "b.ndp"]))
+    with pytest.raises(CacheFullError, match="cache_limit=10 .*waited 0 s"):
+        cache.get("c.ndp", 5, writer(b"y" * 5))
+    assert not list(tmp_path.glob("*.tmp"))
+    dead = 2 ** 22 + 12345  # above pid_max's default: no such process
+    other.rename(tmp_path / PINS / f"{dead}-1")
+    cache.get("c.ndp", 5, writer(b"y" * 5))
+    assert not (tmp_path / PINS / f"{dead}-1").exists()  # its pins were dropped
+
+
+def test_a_shard_larger_than_the_limit_is_refused(tmp_path):
+    with pytest.raises(CacheFullError, match="more than cache_limit=4"):
+        ShardCache(tmp_path, limit=4).get("a.ndp", 5, writer(b"12345"))
+
+
+def test_a_temporary_file_left_by_a_killed_download_holds_no_room(tmp_path):
+    cache = ShardCache(tmp_path, limit=10)
+    (tmp_path / "a.ndp.tmp").write_bytes(b"x" * 8)  # a download killed half way
+    cache.get("b.ndp", 5, writer(b"y" * 5))
+    assert not (tmp_path / "a.ndp.tmp").exists() and (tmp_path / "b.ndp").exists()

@@ -1,0 +1,110 @@
+"""The package's shape: folders by layer (the tree tells where the wire format, storage, the
+engines, the Loader, conversion and the command line live), tests that mirror them, and no
+import cycle among ndp's modules (lazy imports inside functions included: a cycle hidden in a
+function is still two modules that cannot be understood apart)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = {"wire", "store", "engine", "loader", "convert", "cli", "adapters"}
+LOOSE = {"__init__.py", "errors.py", "progress.py"}  # what may stand at the top of ndp/
+
+
+def _module(path: Path) -> str:
+    """``ndp.store.shard`` for ndp/store/shard.py; kernels/ installs as ``ndp.kernels``."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[0] == "kernels":
+        parts.insert(0, "ndp")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each ndp module -> the ndp modules it imports, anywhere in the file."""
+    files = [*ROOT.glob("ndp/**/*.py"), *ROOT.glob("kernels/*.py")]
+    modules = {_module(p): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            found |= {t for t in targets if t in modules and t != name}
+        # a package's __init__ is imported with each of its modules; that is not an edge here
+        graph[name] = {t for t in found if not name.startswith(t + ".")}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_among_ndps_modules():
+    graph = _imports()
+    assert len(graph) > 60  # the walk found the package
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_ndp_is_folders_by_layer_with_a_handful_of_modules_loose():
+    top = {p.name for p in (ROOT / "ndp").iterdir() if not p.name.startswith("__pycache__")}
+    folders = {n for n in top if (ROOT / "ndp" / n).is_dir()}
+    assert folders == LAYERS
+    assert top - folders == LOOSE
+    for layer in LAYERS:  # each says what it owns and what it may import
+        doc = ast.get_docstring(ast.parse((ROOT / "ndp" / layer / "__init__.py").read_text()))
+        assert doc and len(doc) > 80, f"ndp/{layer}/__init__.py has no docstring for its layer"
+
+
+def test_tests_mirror_the_package():
+    """A test file lives in the folder of the layer it tests (tests/store/ for ndp/store/, ...);
+    at the top only tests of the whole project (README, notebooks, packaging, benchmarks)."""
+    dirs = {p.name for p in (ROOT / "tests").iterdir()
+            if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert dirs == LAYERS | {"kernels"}
+    loose = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    assert loose == {"test_benchmarks.py", "test_layout.py", "test_notebooks.py",
+                     "test_packaging.py", "test_readme.py"}
