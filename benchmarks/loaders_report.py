@@ -63,13 +63,16 @@ def figures(report: dict, stem: Path) -> list[str]:
                             ("peak_rss_mb", "peak RSS (MB)", False)):
         fig, ax = plt.subplots(figsize=(8, 3.6))
         ax.barh(names, [r[key] for r in rows], color="#4878a8")
-        if log:
+        if log:  # bars from zero cannot be drawn on it: the title says so
             ax.set_xscale("log")
-        ax.set_xlabel(label)
+        else:
+            ax.set_xlim(left=0)
+        ax.set_xlabel(label + (" (log scale)" if log else ""))
         ax.invert_yaxis()
-        ax.set_title(f"{label}: {report['config']['B']} x {report['config']['T']}, "
-                     f"{report['machine']['cpu']} ({report['machine']['cores']} cores)",
-                     fontsize=9)
+        when = str(report.get("created") or report.get("date") or "")[:16]
+        ax.set_title(f"{label}{' (log scale)' if log else ''}: {report['config']['B']} x "
+                     f"{report['config']['T']}, {report['machine']['cpu']} "
+                     f"({report['machine']['cores']} cores), {when}", fontsize=9)
         fig.tight_layout()
         path = stem.with_name(f"{stem.name}-{key}.png")
         fig.savefig(path, dpi=110)
