@@ -177,7 +177,7 @@ def bench_decode(n_packets: int, seq: int, batch: int, repeats: int) -> list[dic
 
             def padded():
                 for i in range(0, n_packets, batch):
-                    decode_padded(data, offsets[i: i + batch], max_seq_length=seq, out=buffers)
+                    decode_padded(data, offsets[i: i + batch], seq_len=seq, out=buffers)
 
             pad_s = best_of(padded, repeats)
             x = np.empty((batch, seq), np.int64)

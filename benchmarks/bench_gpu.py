@@ -159,7 +159,7 @@ def run_gpu(source, dec: CudaDecoder, chunks: list[np.ndarray], layout: str, seq
 
     def submit(offs):
         if layout == "padded":
-            return dec.submit_padded(source, offs, max_seq_length=seq)
+            return dec.submit_padded(source, offs, seq_len=seq)
         # packed: all whole windows of the chunk's stream (decode_packed waits for the length)
         batch = dec.decode_packed(source, offs, batch_size=None, seq_len=seq)
         return _Ready(batch)
@@ -201,7 +201,7 @@ def run_cpu_copy(data, chunks: list[np.ndarray], layout: str, seq: int) -> dict:
         for i, offs in enumerate(chunks):
             t = time.perf_counter()
             if layout == "padded":
-                batch = dec.decode_padded(data, offs, max_seq_length=seq)
+                batch = dec.decode_padded(data, offs, seq_len=seq)
             else:
                 batch = dec.decode_packed(data, offs, batch_size=None, seq_len=seq)
             tensors = {k: v.to(device) for k, v in to_torch(batch).items()}

@@ -9,8 +9,10 @@ Three layouts, all written into caller-owned int64 arrays:
   ``w`` is ``stream[start + w*T : start + w*T + T + 1]`` split into ``x[w] = window[:-1]`` and
   ``y[w] = window[1:]`` (``y`` is -100 where that token's mask bit is 0).
 * packing (SFT, packed rows): documents laid end to end in rows (placed by ``ndp.loader.packing``):
-  per document its tokens, labels (-100 at its first token, so no document learns to predict
-  the next one's start), attention 1 and ``position_ids`` from 0; padding elsewhere.
+  per document its tokens, labels (-100 at its first token), attention 1 and ``position_ids``
+  from 0; padding elsewhere.
+
+Which layouts shift labels (only packed), and why: ``ndp.loader.loader``, "Modes".
 
 Callers pass only packets whose verdict is OK (``verdict``); layouts are read from the packet
 header again here, so each row is independent. Every function takes ``lo, hi`` last: the range

@@ -3,9 +3,22 @@
 A message names a Python API parameter in single backticks, alone or with the value to pass
 (`max_skipped`, `overwrite=True`, `version=2`): the command line shows the option that sets it
 instead (``--max-skipped``, ``--overwrite``, ``--version 2``: ``ndp.cli.main.OPTIONS``).
+
+A keyword renamed keeps its old name for a while through ``renamed`` (below): the old name warns,
+both at once are a ``ConfigError``. Its wrapper is one more frame between the user and the
+function: a warning raised beneath it counts its ``stacklevel`` with ``past_aliases`` (below).
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import warnings
+from collections.abc import Callable
+from typing import TypeVar
+
+F = TypeVar("F", bound=Callable)
 
 
 class NDPError(Exception):
@@ -113,3 +126,57 @@ class InputError(ConvertError):
     not parse): the message names the file, where reading stopped, and what to do. A damaged
     JSON Lines file is no such error: each bad line is a skipped ``RecordError``
     (``ndp.convert.datafiles``)."""
+
+
+def renamed(**old_to_new: str) -> Callable[[F], F]:
+    """Decorator: keyword ``old`` still works as the deprecated name of parameter ``new``.
+
+    ``@renamed(max_seq_length="seq_len")``: a call passing ``max_seq_length=`` gets a
+    ``DeprecationWarning`` that names ``seq_len``, at the caller's line, and the result of
+    passing ``seq_len=`` itself; passing both (by keyword, or ``seq_len`` by position) is a
+    ``ConfigError``. The signature shown (``help``, ``inspect``) is the function's own, with
+    the new name only. Costs about 0.3 us a call (one more Python frame).
+    """
+
+    def wrap(func: F) -> F:
+        name = func.__qualname__.removesuffix(".__init__")  # NDPDataset, not NDPDataset.__init__
+        params = inspect.signature(func).parameters
+        # the index of each new name among the positional arguments (None: keyword-only)
+        position = {new: None if params[new].kind is inspect.Parameter.KEYWORD_ONLY
+                    else list(params).index(new) for new in old_to_new.values()}
+
+        @functools.wraps(func)
+        def call(*args, **kwargs):
+            for old, new in old_to_new.items():
+                if old not in kwargs:
+                    continue
+                at = position[new]
+                if new in kwargs or (at is not None and len(args) > at):
+                    raise ConfigError(f"{name}: got `{new}` and `{old}`, its old name; "
+                                      f"pass `{new}` only")
+                warnings.warn(f"{name}: `{old}` is deprecated, pass `{new}` (the same value)",
+                              DeprecationWarning, stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+            return func(*args, **kwargs)
+
+        return call  # type: ignore[return-value]
+
+    return wrap
+
+
+#: the code of every wrapper ``renamed`` makes (its closures share one code object)
+_WRAPPER_CODE = renamed(old="new")(lambda new: new).__code__
+
+
+def past_aliases(level: int) -> int:
+    """``stacklevel`` for a ``warnings.warn`` in the calling function: ``level`` frames up, not
+    counting the wrappers of ``renamed`` on the way, so that a warning meant for the user's
+    line (a ``Corpus`` made by ``NDPDataset(...)``) stays there."""
+    frame, found = sys._getframe(1), 1
+    for _ in range(level - 1):
+        if frame is None:
+            break
+        frame, found = frame.f_back, found + 1
+        while frame is not None and frame.f_code is _WRAPPER_CODE:
+            frame, found = frame.f_back, found + 1
+    return found

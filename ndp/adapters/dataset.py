@@ -1,10 +1,10 @@
 """``NDPDataset``: a map-style dataset of padded SFT rows, for ``torch.utils.data.DataLoader``.
 
-    ds = NDPDataset("data/", max_seq_length=512, pad_token_id=0, crc_drop_rate=0.05)
+    ds = NDPDataset("data/", seq_len=512, pad_token_id=0, crc_drop_rate=0.05)
     dl = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True, num_workers=4)
     for epoch in range(3):
         ds.set_epoch(epoch)             # a new CRC-Drop draw (set it before creating iterators)
-        for batch in dl:                # dicts of int64 tensors (batch_size, max_seq_length)
+        for batch in dl:                # dicts of int64 tensors (batch_size, seq_len)
             ...
 
 Item ``i`` is the ``i``-th kept packet in global order (shards in name order): every packet is
@@ -32,7 +32,7 @@ DataLoader) after ``ds.set_epoch(epoch)``, each epoch.
 
 Resume mid-epoch: torchdata's ``StatefulDataLoader`` (torchdata is no dependency of ndp; 0.9
 or newer has ``StatefulDistributedSampler``) resumes an NDPDataset as it is. Item ``i`` is a
-function of the shards, ``seed``, ``crc_drop_rate``, ``max_seq_length``, ``pad_token_id`` and
+function of the shards, ``seed``, ``crc_drop_rate``, ``seq_len``, ``pad_token_id`` and
 the epoch, not of which items were read before, so the loader's state is its sampler's place: its
 ``RandomSampler`` (``shuffle=True``) and ``StatefulDistributedSampler`` save it, any other
 sampler is fast-forwarded past the batches already yielded. The epoch is the caller's: save it
@@ -41,7 +41,7 @@ beside ``dl.state_dict()`` and call ``ds.set_epoch(epoch)`` before making the sa
 StatefulDataLoader restores a dataset's state as it starts iterating (inside each worker when
 it has workers), after the sampler was made from ``len(ds)``: too late for the epoch.
 
-    ds = NDPDataset("data/", max_seq_length=2048, crc_drop_rate=0.05, seed=0)
+    ds = NDPDataset("data/", seq_len=2048, crc_drop_rate=0.05, seed=0)
     for epoch in range(start_epoch, n_epochs):  # start_epoch, saved: from the checkpoint
         ds.set_epoch(epoch)
         sampler = StatefulDistributedSampler(ds, num_replicas=world_size, rank=rank, seed=0)
@@ -58,6 +58,7 @@ it has workers), after the sampler was made from ``len(ds)``: too late for the e
 from __future__ import annotations
 
 import multiprocessing
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,7 +66,7 @@ import numba
 import numpy as np
 
 from ndp.store.corpus import Corpus, PathLike
-from ndp.errors import ConfigError, IndexMismatchError
+from ndp.errors import ConfigError, IndexMismatchError, renamed
 from ndp.wire.format import IGNORE_INDEX, TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
 from ndp.kernels.build import in_loss, token_at, token_layout
 from ndp.kernels.crc16 import CRC16_TABLES, packet_status
@@ -94,26 +95,29 @@ def _padded_row(shard, off, pad_id, ids, labels, attn, tables, w_t, m_t, s_t):  
 
 
 class NDPDataset:
-    """Padded rows ``{"input_ids", "labels", "attention_mask"}`` (int64, ``(max_seq_length,)``).
+    """Padded rows ``{"input_ids", "labels", "attention_mask"}`` (int64, ``(seq_len,)``).
 
-    ``path`` is a shard, a directory of shards or a list of either. Rows longer than
-    ``max_seq_length`` are truncated, shorter ones padded with ``pad_token_id``; labels are -100 at
-    padding and at masked (prompt) tokens. ``crc_drop_rate`` drops that fraction of packets on
-    purpose, a new draw per ``set_epoch``, deterministic per ``seed``. ``on_stale`` is ``Corpus``'s:
-    "rebuild" rescans a shard whose index does not match it, "error" refuses it. A directory must be
-    the whole dataset its manifest ``ndp.json`` lists unless ``manifest`` is "ignore"
-    (``ndp.store.manifest``). ``vocab_size`` (else the manifest's, else 2**31): token ids must be
-    below it. A URL is read through the shard cache (``ndp.store.remote``), every shard fetched when
-    the dataset is made: ``cache_limit`` must hold the whole dataset. A file that is not an NDP
-    shard, or holds no valid packet, is refused (``ndp.store.corpus.no_data``) unless ``manifest``
-    is "ignore". Ranks (a ``DistributedSampler``) and resuming mid-epoch (torchdata's
+    ``path`` is a shard, a directory of shards or a list of either. Rows longer than ``seq_len``
+    (``max_seq_length``: its deprecated name) are truncated, shorter ones padded with
+    ``pad_token_id``; labels are the Loader's ``padded`` ones, not shifted
+    (``ndp.loader.loader``, "Modes"): -100 at padding and at masked (prompt) tokens.
+    ``crc_drop_rate`` drops that fraction of packets on purpose, a new draw per ``set_epoch``,
+    deterministic per ``seed``. ``on_stale`` is ``Corpus``'s: "rebuild" rescans a shard whose
+    index does not match it, "error" refuses it. A directory must be the whole dataset its
+    manifest ``ndp.json`` lists unless ``manifest`` is "ignore" (``ndp.store.manifest``).
+    ``vocab_size`` (else the manifest's, else 2**31): token ids must be below it. A URL is read
+    through the shard cache (``ndp.store.remote``), every shard fetched when the dataset is made:
+    ``cache_limit`` must hold the whole dataset. A file that is not an NDP shard, or holds no
+    valid packet, is refused (``ndp.store.corpus.no_data``) unless ``manifest`` is "ignore".
+    Ranks (a ``DistributedSampler``) and resuming mid-epoch (torchdata's
     ``StatefulDataLoader``, the epoch set first): see this module's docstring.
     """
 
+    @renamed(max_seq_length="seq_len")
     def __init__(
         self,
         path: PathLike | Sequence[PathLike],
-        max_seq_length: int = 512,
+        seq_len: int = 512,
         pad_token_id: int = 0,
         crc_drop_rate: float = 0.0,
         *,
@@ -126,13 +130,13 @@ class NDPDataset:
         cache_dir: PathLike | None = None,
         cache_limit: int | None = None,
     ) -> None:
-        if max_seq_length < 1:
-            raise ConfigError(f"max_seq_length must be >= 1, got {max_seq_length}")
+        if seq_len < 1:
+            raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
         if not 0.0 <= crc_drop_rate < 1.0:
             raise ConfigError(f"crc_drop_rate must be in [0, 1), got {crc_drop_rate}")
         if on_stale not in ("rebuild", "error"):
             raise ConfigError(f"on_stale must be 'rebuild' or 'error', got {on_stale!r}")
-        self.max_seq_length = int(max_seq_length)
+        self.seq_len = int(seq_len)
         self.pad_token_id = int(pad_token_id)
         self.crc_drop_rate = float(crc_drop_rate)
         self.seed = int(seed)
@@ -172,6 +176,13 @@ class NDPDataset:
         new epoch. Call it between epochs, not while a DataLoader iterates."""
         self._shared_epoch.value = int(epoch)
         self._follow_epoch()
+
+    @property
+    def max_seq_length(self) -> int:
+        """Deprecated: ``seq_len``."""
+        warnings.warn("NDPDataset: `max_seq_length` is deprecated, read `seq_len` (the same "
+                      "value)", DeprecationWarning, stacklevel=2)
+        return self.seq_len
 
     @property
     def epoch(self) -> int:
@@ -227,7 +238,7 @@ class NDPDataset:
         g = int(self.kept[i])
         corpus = self.corpus
         s = int(corpus.shard_of(np.array([g]))[0])
-        row = {k: np.empty(self.max_seq_length, np.int64)
+        row = {k: np.empty(self.seq_len, np.int64)
                for k in ("input_ids", "labels", "attention_mask")}
         frame = corpus.shards[s].read(int(corpus.offsets[g]), int(corpus.frame_bytes[g]))
         status = _padded_row(frame, 0, self.pad_token_id,
@@ -252,7 +263,7 @@ class NDPDataset:
 
     def __repr__(self) -> str:
         return (f"NDPDataset({len(self._paths)} shards, {len(self)} of {self._n_packets} "
-                f"packets, max_seq_length={self.max_seq_length})")
+                f"packets, seq_len={self.seq_len})")
 
 
 def _spawning() -> bool:

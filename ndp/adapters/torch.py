@@ -36,8 +36,8 @@ def current_stream_handle() -> int:
 
 def to_torch(batch: PaddedBatch | PackedBatch) -> dict[str, torch.Tensor]:
     """``{"input_ids", "labels", "attention_mask"}`` of a padded batch, or ``{"x", "y"}`` of a
-    packed one (``y`` is already shifted: compare it with the logits of ``x`` directly), as
-    int64 tensors where the batch lives."""
+    packed one, as int64 tensors where the batch lives (``labels`` are not shifted, ``y`` is:
+    ``ndp.loader.loader``, "Modes")."""
     if not isinstance(batch, (PaddedBatch, PackedBatch)):
         raise TypeError(f"to_torch takes a PaddedBatch or PackedBatch, got {type(batch).__name__}")
     fields = PADDED_FIELDS if isinstance(batch, PaddedBatch) else PACKED_FIELDS

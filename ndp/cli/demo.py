@@ -163,10 +163,10 @@ def _time_padded(shard_dir: Path, max_len: int, batch: int, pad_id: int) -> dict
     for path in sorted(shard_dir.glob("*.ndp")):
         shard = Shard(path)
         offsets = load_index(shard, on_stale="error").offsets
-        decode_padded(shard.data, offsets[:batch], max_seq_length=max_len, out=buffers)  # warm
+        decode_padded(shard.data, offsets[:batch], seq_len=max_len, out=buffers)  # warm
         start = time.perf_counter()
         for i in range(0, len(offsets), batch):
-            b = decode_padded(shard.data, offsets[i: i + batch], max_seq_length=max_len,
+            b = decode_padded(shard.data, offsets[i: i + batch], seq_len=max_len,
                               pad_token_id=pad_id, out=buffers)
             tokens += b.stats.tokens
             rows += b.input_ids.shape[0]

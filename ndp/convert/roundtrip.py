@@ -65,7 +65,7 @@ def _decoded(output: Path, manifest: dict, chunk: int = 1024) -> Iterator[np.nda
         shard = Shard(output / entry["name"])
         offsets = load_index(shard, on_stale="error").offsets
         for i in range(0, len(offsets), chunk):
-            batch = decode_padded(shard.data, offsets[i: i + chunk], max_seq_length=n_max,
+            batch = decode_padded(shard.data, offsets[i: i + chunk], seq_len=n_max,
                                   out=buffers)
             if batch.stats.valid != batch.stats.packets:
                 raise RoundTripError(f"{shard.path}: dropped packets {batch.stats.dropped}")

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ndp.engine.reference import PackedBatch, PaddedBatch, PaddedBuffers, decode_packed, decode_padded
-from ndp.errors import ConfigError
+from ndp.errors import ConfigError, renamed
 from ndp.wire.packet import as_u8
 
 
@@ -47,24 +47,26 @@ class CpuDecoder:
         self._next = (self._next + 1) % self.ring
         return slot
 
-    def submit_padded(self, source: Any, offsets: Any, *, max_seq_length: int,
+    @renamed(max_seq_length="seq_len")
+    def submit_padded(self, source: Any, offsets: Any, *, seq_len: int,
                       pad_token_id: int = 0) -> _Done:
-        return _Done(self.decode_padded(source, offsets, max_seq_length=max_seq_length,
+        return _Done(self.decode_padded(source, offsets, seq_len=seq_len,
                                         pad_token_id=pad_token_id))
 
-    def decode_padded(self, source: Any, offsets: Any, *, max_seq_length: int,
+    @renamed(max_seq_length="seq_len")
+    def decode_padded(self, source: Any, offsets: Any, *, seq_len: int,
                       pad_token_id: int = 0) -> PaddedBatch:
         """``ndp.decode_padded`` into this decoder's ring of reused buffers."""
-        if max_seq_length < 1:
-            raise ConfigError(f"max_seq_length must be >= 1, got {max_seq_length}")
+        if seq_len < 1:
+            raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
         n = int(np.asarray(offsets).reshape(-1).shape[0])
         slot = self._slot()
         buffers = self._padded[slot]
         if (buffers is None or buffers.input_ids.shape[0] < n
-                or buffers.input_ids.shape[1] != max_seq_length):
+                or buffers.input_ids.shape[1] != seq_len):
             rows = max(64, 1 << max(0, (n - 1).bit_length()))
-            buffers = self._padded[slot] = PaddedBuffers.allocate(rows, max_seq_length)
-        return decode_padded(source, offsets, max_seq_length=max_seq_length,
+            buffers = self._padded[slot] = PaddedBuffers.allocate(rows, seq_len)
+        return decode_padded(source, offsets, seq_len=seq_len,
                              pad_token_id=pad_token_id, out=buffers)
 
     def decode_packed(self, source: Any, offsets: Any, *, batch_size: int | None, seq_len: int,

@@ -36,7 +36,7 @@ from ndp.engine.reference import DecodeStats, PackedBatch, PaddedBatch, StreamEx
 from ndp.engine.cpu_decoder import _Done
 from ndp.engine.device import Buffer, DeviceArray, device_memory_info
 from ndp.engine.cpu import Slot, Staged
-from ndp.errors import ConfigError
+from ndp.errors import ConfigError, renamed
 from ndp.kernels.stage import gather_packets, staged_size
 from ndp.kernels.verdict import count, status_of, tokens_of
 from ndp.wire.packet import as_u8
@@ -101,29 +101,31 @@ class CudaDecoder:
         return ResidentShard(data, buffer, name)
 
     # ---------------------------------------------------------------------------- the public
-    def submit_padded(self, source: Any, offsets: Any, *, max_seq_length: int,
+    @renamed(max_seq_length="seq_len")
+    def submit_padded(self, source: Any, offsets: Any, *, seq_len: int,
                       pad_token_id: int = 0) -> _Done:
         """``decode_padded``, with the ``.result()`` of the queued API (the host waits for the
         verdicts either way; the build is still running when it returns)."""
-        return _Done(self.decode_padded(source, offsets, max_seq_length=max_seq_length,
+        return _Done(self.decode_padded(source, offsets, seq_len=seq_len,
                                         pad_token_id=pad_token_id))
 
-    def decode_padded(self, source: Any, offsets: Any, *, max_seq_length: int,
+    @renamed(max_seq_length="seq_len")
+    def decode_padded(self, source: Any, offsets: Any, *, seq_len: int,
                       pad_token_id: int = 0) -> PaddedBatch:
         """As ``ndp.decode_padded``, on the device: one row per valid token packet, in packet
         order; the arrays are ``DeviceArray`` views valid for ``ring`` further decodes."""
-        if max_seq_length < 1:
-            raise ConfigError(f"max_seq_length must be >= 1, got {max_seq_length}")
+        if seq_len < 1:
+            raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
         engine = self.engine
         slot, staged = self._stage(source, offsets)
         verdicts = engine.format_verdicts(staged, slot)
         rows = np.flatnonzero(verdicts >= 0).astype(np.int64)
-        outs = engine.outputs(slot, "padded", rows.shape[0], max_seq_length)
+        outs = engine.outputs(slot, "padded", rows.shape[0], seq_len)
         engine.build_padded(staged, slot, rows, pad_token_id, outs)
         engine.finish(slot)
         lengths = verdicts[rows].copy()
         stats = _stats(verdicts)
-        stats.tokens = int(np.minimum(lengths, max_seq_length).sum())
+        stats.tokens = int(np.minimum(lengths, seq_len).sum())
         stats.truncated_tokens = int(lengths.sum()) - stats.tokens
         stream, n = engine.compute_stream, rows.shape[0]
         return PaddedBatch(

@@ -8,6 +8,9 @@ training arrays from the rest in packet order:
   (int64, as HF models and ``torch.nn.functional.cross_entropy`` take them);
 * ``decode_packed``: (x, y) windows of ``seq_len + 1`` tokens over the concatenated stream.
 
+They are the Loader's ``padded`` rows and ``packed`` windows: which of them shift labels, and
+why, is said once, in ``ndp.loader.loader`` ("Modes").
+
 Both run the Numba kernels of ``ndp.kernels`` on ndp's host threads (``ndp.engine.threads``),
 synchronously, and take ``out=``
 buffers for their outputs so a training loop allocates those once (``decode_packed`` still
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ndp.errors import ConfigError
+from ndp.errors import ConfigError, renamed
 from ndp.wire.format import DropReason
 from ndp.kernels.build import build_packed_cpu, build_padded_cpu, token_counts_cpu
 from ndp.kernels.compact import compact_cpu
@@ -71,7 +74,8 @@ def validate(
 
 @dataclass
 class PaddedBatch:
-    """Padded SFT rows (int64, shape (rows, max_seq_length)); one row per valid packet."""
+    """Padded SFT rows (int64, shape (rows, seq_len)); one row per valid packet (labels: the
+    row's own tokens, not shifted; ``ndp.loader.loader``, "Modes")."""
 
     input_ids: np.ndarray
     labels: np.ndarray
@@ -94,13 +98,14 @@ class PaddedBuffers:
     row_of_packet: np.ndarray
     rows: np.ndarray
 
-    def check(self, n_packets: int, max_seq_length: int) -> None:
+    @renamed(max_seq_length="seq_len")
+    def check(self, n_packets: int, seq_len: int) -> None:
         """``ConfigError`` unless every buffer has the dtype and room for this call (the
         kernels do not bounds-check their outputs)."""
         want = {
-            "input_ids": (np.int64, (n_packets, max_seq_length)),
-            "labels": (np.int64, (n_packets, max_seq_length)),
-            "attention_mask": (np.int64, (n_packets, max_seq_length)),
+            "input_ids": (np.int64, (n_packets, seq_len)),
+            "labels": (np.int64, (n_packets, seq_len)),
+            "attention_mask": (np.int64, (n_packets, seq_len)),
             "lengths": (np.int64, (n_packets,)),
             "status": (np.uint8, (n_packets,)),
             "row_of_packet": (np.int64, (n_packets,)),
@@ -116,8 +121,9 @@ class PaddedBuffers:
                 )
 
     @classmethod
-    def allocate(cls, max_packets: int, max_seq_length: int) -> PaddedBuffers:
-        shape = (max_packets, max_seq_length)
+    @renamed(max_seq_length="seq_len")
+    def allocate(cls, max_packets: int, seq_len: int) -> PaddedBuffers:
+        shape = (max_packets, seq_len)
         return cls(
             input_ids=np.empty(shape, np.int64),
             labels=np.empty(shape, np.int64),
@@ -129,29 +135,31 @@ class PaddedBuffers:
         )
 
 
+@renamed(max_seq_length="seq_len")
 def decode_padded(
     shard: np.ndarray | bytes,
     offsets: np.ndarray | list[int],
     *,
-    max_seq_length: int,
+    seq_len: int,
     pad_token_id: int = 0,
     out: PaddedBuffers | None = None,
 ) -> PaddedBatch:
     """Validate the packets at ``offsets`` and build one padded row per valid token packet.
 
-    Rows keep packet order. Tokens past ``max_seq_length`` are cut (counted in
-    ``stats.truncated_tokens``); labels are -100 at padding and at masked (prompt) tokens.
+    Rows keep packet order. Tokens past ``seq_len`` (``max_seq_length``: its deprecated name)
+    are cut (counted in ``stats.truncated_tokens``); labels are not shifted
+    (``ndp.loader.loader``, "Modes") and are -100 at padding and at masked (prompt) tokens.
     With ``out`` the returned arrays are views of its buffers, valid until the next call that
     reuses them. Synchronous.
     """
-    if max_seq_length < 1:
-        raise ConfigError(f"max_seq_length must be >= 1, got {max_seq_length}")
+    if seq_len < 1:
+        raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
     data, offs = _as_u8(shard), _as_offsets(offsets)
     n = offs.shape[0]
     if out is None:
-        out = PaddedBuffers.allocate(n, max_seq_length)
+        out = PaddedBuffers.allocate(n, seq_len)
     else:
-        out.check(n, max_seq_length)
+        out.check(n, seq_len)
     status = out.status[:n]
     validate_packets_cpu(data, offs, status)
     n_rows = compact_cpu(status, out.row_of_packet[:n], out.rows[:n])
@@ -161,7 +169,7 @@ def decode_padded(
     build_padded_cpu(data, offs, rows, pad_token_id, out.input_ids, out.labels,
                      out.attention_mask)
     stats = DecodeStats.from_status(status)
-    delivered = int(np.minimum(lengths, max_seq_length).sum())
+    delivered = int(np.minimum(lengths, seq_len).sum())
     stats.tokens = delivered
     stats.truncated_tokens = int(lengths.sum()) - delivered
     return PaddedBatch(

@@ -6,23 +6,33 @@
             loss = model(batch["x"], batch["y"])
         state = loader.state_dict()     # small, JSON-serialisable; resume with load_state_dict
 
-Modes:
+Modes, and which shift labels (said here only; ``NDPDataset`` and ``decode_padded`` give
+``padded`` rows, ``decode_packed`` gives ``packed`` windows). A causal LM's target at position
+``t`` is token ``t + 1``: that shift is made once, by the model or by ndp, as the mode says.
 
 * ``padded`` (SFT): each batch holds the valid packets among the next ``batch_size`` packets of
-  this rank's order, one row each, padded to ``seq_len``: ``input_ids``, ``labels`` (-100 at
-  padding and masked prompt tokens), ``attention_mask``. A corrupt packet makes its batch one row
-  shorter (counted in ``stats``) instead of pulling a packet forward from the next batch, so every
-  batch depends only on its place in the order: resume and rank splits stay exact. A row keeps
-  a longer packet's first ``seq_len`` tokens: the cut is counted per epoch from the index and
-  warned, once per epoch, past 1% of its tokens (``ndp.loader.truncation``).
+  this rank's order, one row each, padded to ``seq_len``: ``input_ids``, ``labels``,
+  ``attention_mask``. ``labels`` are **not shifted**: ``labels[r, t]`` is ``input_ids[r, t]``,
+  or -100 at padding and masked prompt tokens, because Hugging Face causal-LM models shift
+  ``labels=`` themselves (shifted here too, each token would learn the one two ahead); a row is
+  one example, so their shift loses only its last token's target, and it has none. A corrupt
+  packet makes its batch one row shorter (counted in ``stats``) instead of pulling a packet
+  forward from the next batch, so every batch depends only on its place in the order: resume
+  and rank splits stay exact. A row keeps a longer packet's first ``seq_len`` tokens: the cut is
+  counted per epoch from the index and warned, once per epoch, past 1% of its tokens
+  (``ndp.loader.truncation``).
 * ``packed`` (pretraining): the valid tokens of this rank's packets, in order, form one stream;
-  each batch is ``batch_size`` windows of ``seq_len + 1`` tokens split into ``x`` and ``y``
-  (llm.c layout; ``y`` is -100 where a token's loss-mask bit is 0). Windows run across packet and
-  shard boundaries; the tokens left over at the end of an epoch (less than one batch) are not
-  used, and counted.
-
+  each batch is ``batch_size`` windows of ``seq_len + 1`` tokens split into ``x`` and ``y``,
+  **shifted by one** (llm.c layout: ``y[b, t]`` is the token after ``x[b, t]``, or -100 where
+  that token's loss-mask bit is 0), so ``cross_entropy(model(x), y)`` takes them as they are.
+  The model could not shift: a window's last target is the next window's first token, which it
+  never sees. Windows run across packet and shard boundaries; the tokens left over at the end
+  of an epoch (less than one batch) are not used, and counted.
 * ``packing`` (SFT, packed rows): short examples laid end to end in full rows, with
-  per-document ``position_ids`` and ``cu_seqlens`` (``ndp.loader.packing``).
+  per-document ``position_ids`` and ``cu_seqlens`` (``ndp.loader.packing``). ``labels`` are
+  **not shifted**, as in ``padded``, and -100 at each document's first token too: after the
+  model's shift that label is the target of the previous document's last token, and no
+  document should learn to predict the next one's start.
 
 Order, rank split, mixing and CRC-Drop are ``ndp.loader.order``'s: seeded, a new order every epoch
 (documents shuffled across windows of shards of ``shuffle_window`` bytes, 1 GiB by default, or

@@ -9,8 +9,8 @@ Layout of a batch of ``B`` rows of ``L`` tokens:
 
 * examples are placed in order, each truncated to ``L``; an example that does not fit in what is
   left of a row starts the next row; a batch ends when the next example would need row ``B``;
-* ``input_ids`` (pad elsewhere), ``labels`` (-100 at padding, at masked prompt tokens and at the
-  first token of every document, so no document learns to predict the next one's start),
+* ``input_ids`` (pad elsewhere), ``labels`` (not shifted; -100 at padding, at masked prompt
+  tokens and at the first token of every document: why, ``ndp.loader.loader``, "Modes"),
   ``attention_mask`` (1 on document tokens), ``position_ids`` (0, 1, ... from each document's
   start; 0 on padding);
 * ``cu_seqlens`` (int32): boundaries of the segments of the flattened (B*L) batch: every

@@ -1,11 +1,10 @@
 """Padded rows cut at ``seq_len``: how many of an epoch's tokens, from the index, before its
 first batch; and a warning when that is more than ``WARN_PERCENT`` of them.
 
-In ``mode="padded"`` a row holds its packet's first ``seq_len`` tokens. ``labels`` are the
-row's own tokens (-100 at masked prompt tokens and at padding), not shifted: the model shifts
-them, as Hugging Face's causal-LM loss does. So a packet of ``n > seq_len`` tokens loses its
-last ``n - seq_len`` tokens, and as many next-token targets (fewer where the cut tokens were
-masked). The share is those tokens over every token of the epoch's packets: this rank's share
+In ``mode="padded"`` a row holds its packet's first ``seq_len`` tokens, and its ``labels`` are
+those tokens, not shifted (why: ``ndp.loader.loader``, "Modes"). So a packet of
+``n > seq_len`` tokens loses its last ``n - seq_len`` tokens, and as many next-token targets
+(fewer where the cut tokens were masked). The share is those tokens over every token of the epoch's packets: this rank's share
 of the epoch, each packet as its index entry says. On intact data that is exactly what
 ``stats.truncated_tokens`` adds up batch by batch over the epoch (from the decoded packets,
 on either backend); a corrupt packet, dropped as it is decoded, is counted here still.

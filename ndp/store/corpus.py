@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ndp.errors import ConfigError, DataError, ShardFormatError
+from ndp.errors import ConfigError, DataError, ShardFormatError, past_aliases
 from ndp.wire.format import (
     FRAME_BYTES,
     MASK_COUNT_BYTES,
@@ -204,7 +204,7 @@ class Corpus:
                     f"dataset's manifest recorded {entry['crc32']:#010x} and "
                     f"{entry.get('packets')}: the shard was damaged after it was written; its "
                     f"damaged packets are dropped and counted as they are decoded ('ndp verify' "
-                    f"shows where)", stacklevel=3)
+                    f"shows where)", stacklevel=past_aliases(3))
         sizes = np.array([len(i) for i in self.indexes], np.int64)
         self.base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.n_packets = int(self.base[-1])
@@ -313,4 +313,4 @@ def _refuse(problem: tuple[str, str] | None, manifest: str, error: type = ShardF
     if manifest != "ignore":
         raise error(f"{what}. {hint} (or pass `manifest='ignore'` to read such files as they "
                     f"are, on purpose)")
-    warnings.warn(f"{what}; read as it is (`manifest='ignore'`)", stacklevel=4)
+    warnings.warn(f"{what}; read as it is (`manifest='ignore'`)", stacklevel=past_aliases(4))

@@ -58,7 +58,7 @@ def ramp_dir(tmp_path):
 
 def test_items_equal_ramp_data(ramp_dir):
     path, specs = ramp_dir
-    ds = NDPDataset(path, max_seq_length=SEQ, pad_token_id=PAD)
+    ds = NDPDataset(path, seq_len=SEQ, pad_token_id=PAD)
     assert len(ds) == len(specs)
     for k, spec in enumerate(specs):
         assert_item(ds[k], expected_row(spec))
@@ -75,9 +75,9 @@ def test_items_equal_ramp_data(ramp_dir):
 def test_items_equal_decode_padded(ramp_dir, seq, pad):
     """Items are the rows the CPU reference decoder builds from the same packets."""
     path, specs = ramp_dir
-    ds = NDPDataset(path, max_seq_length=seq, pad_token_id=pad)
+    ds = NDPDataset(path, seq_len=seq, pad_token_id=pad)
     corpus = Corpus(path)
-    ref = decode_padded(corpus.shards[0].data, corpus.offsets, max_seq_length=seq,
+    ref = decode_padded(corpus.shards[0].data, corpus.offsets, seq_len=seq,
                         pad_token_id=pad)
     assert ref.input_ids.shape[0] == len(ds)
     for k in range(len(ds)):
@@ -87,7 +87,7 @@ def test_items_equal_decode_padded(ramp_dir, seq, pad):
 
 def test_shard_changed_after_construction(ramp_dir):
     path, specs = ramp_dir
-    ds = NDPDataset(path, max_seq_length=SEQ)
+    ds = NDPDataset(path, seq_len=SEQ)
     ds[4]
     shard = ds.corpus.paths[0]
     at = shard.read_bytes().index(specs[4].encode()) + 10
@@ -104,10 +104,30 @@ def test_shard_changed_after_construction(ramp_dir):
 def test_positional_arguments_and_alias(ramp_dir):
     path, specs = ramp_dir
     assert QubGPUDataset is NDPDataset
-    ds = QubGPUDataset(str(path), 3, 9, 0.0)  # path, max_seq_length, pad_token_id, crc_drop_rate
-    assert (ds.max_seq_length, ds.pad_token_id, ds.crc_drop_rate) == (3, 9, 0.0)
+    ds = QubGPUDataset(str(path), 3, 9, 0.0)  # path, seq_len, pad_token_id, crc_drop_rate
+    assert (ds.seq_len, ds.pad_token_id, ds.crc_drop_rate) == (3, 9, 0.0)
     assert_item(ds[8], expected_row(specs[8], 3, 9))  # 100 tokens cut to 3
     assert_item(ds[1], expected_row(specs[1], 3, 9))  # an empty packet: all padding
+
+
+def test_old_name_max_seq_length(ramp_dir):
+    """``max_seq_length``, the old name of ``seq_len``: a DeprecationWarning naming the new one
+    at the caller's line, the same items; the old attribute still reads; both names refused."""
+    path, specs = ramp_dir
+    with pytest.warns(DeprecationWarning, match=r"`max_seq_length` is deprecated.*`seq_len`") as w:
+        ds = NDPDataset(path, max_seq_length=3, pad_token_id=9)
+    assert [x.filename for x in w if x.category is DeprecationWarning] == [__file__]
+    new = NDPDataset(path, seq_len=3, pad_token_id=9)
+    assert ds.seq_len == 3 and repr(ds) == repr(new) and len(ds) == len(new) == len(specs)
+    for i, spec in enumerate(specs):
+        assert_item(ds[i], new[i])
+        assert_item(ds[i], expected_row(spec, 3, 9))
+    with pytest.warns(DeprecationWarning, match=r"`max_seq_length` is deprecated.*`seq_len`"):
+        assert ds.max_seq_length == 3  # the old attribute still reads
+    with pytest.raises(ConfigError, match=r"`seq_len`.*`max_seq_length`"):
+        NDPDataset(path, seq_len=3, max_seq_length=3)
+    with pytest.raises(ConfigError, match=r"`seq_len`.*`max_seq_length`"):
+        NDPDataset(path, 3, max_seq_length=3)  # seq_len by position
 
 
 def _loader_batches(ds, **kw) -> list[dict]:
@@ -123,7 +143,7 @@ def test_dataloader(ramp_dir, workers):
     import torch
 
     path, specs = ramp_dir
-    ds = NDPDataset(path, max_seq_length=SEQ, pad_token_id=PAD)
+    ds = NDPDataset(path, seq_len=SEQ, pad_token_id=PAD)
     kw = {"num_workers": workers, "pin_memory": True} if workers else {"num_workers": 0}
     batches = _loader_batches(ds, **kw)
     assert len(batches) == len(specs) // 2
@@ -145,7 +165,7 @@ def test_several_shards_read_in_shard_order(tmp_path):
     # a second writer's shards sort after the first's by name
     extra = ramp_specs([401] * 103)[100:]
     write_shards(tmp_path, [s.encode() for s in extra], prefix="zz")
-    ds = NDPDataset(tmp_path, max_seq_length=SEQ, pad_token_id=PAD)
+    ds = NDPDataset(tmp_path, seq_len=SEQ, pad_token_id=PAD)
     assert len(ds.corpus.shards) == len(infos) + 1
     assert len(ds) == 103
     for k, spec in enumerate(specs + extra):
@@ -173,7 +193,7 @@ def test_corrupt_packets_left_out_and_counted(tmp_path):
     specs = ramp_specs(LENGTHS, width=WIDTHS, masked=MASKED)
     packets, counts = _with_bad_packets([s.encode() for s in specs])
     write_shards(tmp_path, packets)
-    ds = NDPDataset(tmp_path, max_seq_length=SEQ, pad_token_id=PAD)
+    ds = NDPDataset(tmp_path, seq_len=SEQ, pad_token_id=PAD)
     assert counts == {"BAD_LENGTH": 2, "NOT_TOKENS": 1, "UNKNOWN_TYPE": 1}
     assert ds.stats["corrupt"] == counts
     assert ds.stats["packets"] == len(packets)
@@ -192,8 +212,9 @@ def test_damaged_shard_is_rescanned(tmp_path):
     info.path.write_bytes(flip_bit(data, 8 * at + 3))
     with pytest.raises(Exception, match="stale"):
         NDPDataset(tmp_path, on_stale="error")
-    with pytest.warns(UserWarning, match="scanning"):
-        ds = NDPDataset(tmp_path, max_seq_length=SEQ, pad_token_id=PAD)
+    with pytest.warns(UserWarning, match="scanning") as caught:
+        ds = NDPDataset(tmp_path, seq_len=SEQ, pad_token_id=PAD)
+    assert [w.filename for w in caught if "damaged after" in str(w.message)] == [__file__]
     kept = [s for k, s in enumerate(specs) if k != 4]
     assert len(ds) == len(kept)
     for k, spec in enumerate(kept):
@@ -215,7 +236,7 @@ def drop_dir(tmp_path_factory):
 
 def test_crc_drop(drop_dir):
     rate = 0.25
-    ds = NDPDataset(drop_dir, max_seq_length=4, crc_drop_rate=rate, seed=3)
+    ds = NDPDataset(drop_dir, seq_len=4, crc_drop_rate=rate, seed=3)
     st = ds.stats
     assert st["packets"] == N_DROP and st["corrupt"] == {"BAD_LENGTH": N_DROP // 100}
     assert st["dropped_on_purpose"] + st["kept"] + sum(st["corrupt"].values()) == N_DROP
@@ -237,7 +258,7 @@ def test_crc_drop(drop_dir):
     ds.set_epoch(0)
     np.testing.assert_array_equal(ds.kept, epoch0)
 
-    plain = NDPDataset(drop_dir, max_seq_length=4)
+    plain = NDPDataset(drop_dir, seq_len=4)
     assert plain.stats["dropped_on_purpose"] == 0 and len(plain) == plain.stats["valid"]
 
 
@@ -247,7 +268,7 @@ def test_persistent_workers_follow_set_epoch(drop_dir, context):
     epoch's CRC-Drop draw after set_epoch (they once kept the first epoch's)."""
     import torch
 
-    ds = NDPDataset(drop_dir, max_seq_length=4, crc_drop_rate=0.25, seed=3)
+    ds = NDPDataset(drop_dir, seq_len=4, crc_drop_rate=0.25, seed=3)
     loader = torch.utils.data.DataLoader(ds, batch_size=50, shuffle=False, num_workers=2,
                                          persistent_workers=True,
                                          multiprocessing_context=context)
@@ -281,7 +302,7 @@ def test_a_resume_as_stateful_dataloader_makes_it_continues_the_epoch(drop_dir, 
     run's epoch on each rank of a DistributedSampler; without the epoch it would not."""
     from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
-    kw = dict(max_seq_length=4, crc_drop_rate=0.25, seed=3)
+    kw = dict(seq_len=4, crc_drop_rate=0.25, seed=3)
 
     def batches(ds, epoch: int, skip: int = 0) -> list[np.ndarray]:
         sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=7)
@@ -307,7 +328,7 @@ def test_a_resume_as_stateful_dataloader_makes_it_continues_the_epoch(drop_dir, 
 def test_a_pickled_copy_keeps_its_epoch_apart(drop_dir):
     import pickle
 
-    ds = NDPDataset(drop_dir, max_seq_length=4, crc_drop_rate=0.25, seed=3, epoch=2)
+    ds = NDPDataset(drop_dir, seq_len=4, crc_drop_rate=0.25, seed=3, epoch=2)
     copy = pickle.loads(pickle.dumps(ds))
     ds.set_epoch(5)
     assert copy.epoch == 2 and ds.epoch == 5  # outside a worker's start, no shared memory
@@ -316,7 +337,7 @@ def test_a_pickled_copy_keeps_its_epoch_apart(drop_dir):
 def test_pickle_is_small_and_reopens(tmp_path):
     specs = ramp_specs([900] * 60, masked=[k % 2 == 1 for k in range(60)])
     (info,) = write_shards(tmp_path, [s.encode() for s in specs])
-    ds = NDPDataset(tmp_path, max_seq_length=SEQ, pad_token_id=PAD, crc_drop_rate=0.3, seed=1)
+    ds = NDPDataset(tmp_path, seq_len=SEQ, pad_token_id=PAD, crc_drop_rate=0.3, seed=1)
     ds.set_epoch(2)
     blob = pickle.dumps(ds)
     assert len(blob) < info.size // 20, (len(blob), info.size)
@@ -335,15 +356,15 @@ def test_pickle_is_small_and_reopens(tmp_path):
 def test_spawned_workers_unpickle(ramp_dir):
     """Spawned workers (the default outside Linux) get the dataset pickled and reopen it."""
     path, specs = ramp_dir
-    ds = NDPDataset(path, max_seq_length=SEQ, pad_token_id=PAD)
+    ds = NDPDataset(path, seq_len=SEQ, pad_token_id=PAD)
     batches = _loader_batches(ds, num_workers=2, multiprocessing_context="spawn")
     got = np.concatenate([b["labels"].numpy() for b in batches])
     np.testing.assert_array_equal(got, np.stack([expected_row(s)["labels"] for s in specs]))
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"max_seq_length": 0},
-    {"max_seq_length": -5},
+    {"seq_len": 0},
+    {"seq_len": -5},
     {"crc_drop_rate": -0.1},
     {"crc_drop_rate": 1.0},
     {"crc_drop_rate": 1.5},
@@ -376,7 +397,8 @@ def test_a_file_that_is_not_a_shard_is_refused(tmp_path):
         ds = NDPDataset(path, manifest="ignore")
         copy = pickle.loads(pickle.dumps(ds))
         assert len(ds) == len(copy) == 0 and copy.corpus.n_packets == 0
-    assert any("manifest='ignore'" in str(w.message) for w in caught)
+    ignored = [w for w in caught if "manifest='ignore'" in str(w.message)]
+    assert ignored and {w.filename for w in ignored} == {__file__}  # the caller's line
 
 
 def test_module_does_not_import_torch():

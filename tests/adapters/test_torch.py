@@ -19,8 +19,8 @@ def test_padded_batch_feeds_embedding_and_cross_entropy(backend):
     data, offsets, _ = drop_case()
     data = np.frombuffer(data, np.uint8)
     dec = Decoder(backend=backend)
-    batch = dec.decode_padded(dec.resident(data), offsets, max_seq_length=10, pad_token_id=0)
-    ref = Decoder(backend="cpu").decode_padded(data, offsets, max_seq_length=10)
+    batch = dec.decode_padded(dec.resident(data), offsets, seq_len=10, pad_token_id=0)
+    ref = Decoder(backend="cpu").decode_padded(data, offsets, seq_len=10)
     tensors = to_torch(batch)
     assert set(tensors) == {"input_ids", "labels", "attention_mask"}
     for name, t in tensors.items():
@@ -38,7 +38,7 @@ def test_padded_batch_feeds_embedding_and_cross_entropy(backend):
 def test_cpu_tensors_alias_the_decoder_ring_without_a_copy():
     data, offsets, _ = drop_case()
     data = np.frombuffer(data, np.uint8)
-    batch = Decoder(backend="cpu").decode_padded(data, offsets, max_seq_length=4)
+    batch = Decoder(backend="cpu").decode_padded(data, offsets, seq_len=4)
     t = tensor(batch.input_ids)
     assert t.data_ptr() == batch.input_ids.ctypes.data
 

@@ -149,7 +149,7 @@ def test_padded_decode_of_converted_shard(tmp_path, tokenizer_dir, hf_tokenizer)
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS])
     convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts())
     shard = Shard(next((tmp_path / "out").glob("*.ndp")))
-    batch = decode_padded(shard.data, load_index(shard).offsets, max_seq_length=64,
+    batch = decode_padded(shard.data, load_index(shard).offsets, seq_len=64,
                           pad_token_id=hf_tokenizer.pad_token_id)
     for row, text in zip(range(3), TEXTS):
         n = int(batch.attention_mask[row].sum())

@@ -137,7 +137,7 @@ def assert_padded_equal(batch, ref):
 def test_padded_matches_reference(width, masked, max_len):
     lengths = [5, 0, 16, 1, 64, 33, 8, 9, 17]
     stream = ramp_stream(lengths, width=width, masked=masked, header=True)
-    batch = decode_padded(stream.array, stream.offsets, max_seq_length=max_len, pad_token_id=7)
+    batch = decode_padded(stream.array, stream.offsets, seq_len=max_len, pad_token_id=7)
     ref = ref_padded(stream.data, stream.offsets, max_len, 7)
     assert_padded_equal(batch, ref)
     assert batch.input_ids.shape == (len(lengths), max_len)
@@ -161,20 +161,20 @@ def test_padded_mixed_shard_file(ramp_shard):
     info, stream = ramp_shard
     shard = Shard(info.path)
     for max_len in (4, 50, 128):
-        batch = decode_padded(shard.data, stream.offsets, max_seq_length=max_len, pad_token_id=0)
+        batch = decode_padded(shard.data, stream.offsets, seq_len=max_len, pad_token_id=0)
         assert_padded_equal(batch, ref_padded(stream.data, stream.offsets, max_len, 0))
         # bytes input gives the same answer as the memory map
-        again = decode_padded(stream.data, stream.offsets, max_seq_length=max_len)
+        again = decode_padded(stream.data, stream.offsets, seq_len=max_len)
         assert_padded_equal(again, ref_padded(stream.data, stream.offsets, max_len, 0))
 
 
 def test_padded_masked_labels_by_hand():
     data = encode_tokens([10, 11, 12, 13, 14], width=2, mask=[0, 0, 1, 1, 0])
-    batch = decode_padded(data, [0], max_seq_length=7, pad_token_id=99)
+    batch = decode_padded(data, [0], seq_len=7, pad_token_id=99)
     assert batch.input_ids.tolist() == [[10, 11, 12, 13, 14, 99, 99]]
     assert batch.labels.tolist() == [[-100, -100, 12, 13, -100, -100, -100]]
     assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0, 0]]
-    batch = decode_padded(data, [0], max_seq_length=3)
+    batch = decode_padded(data, [0], seq_len=3)
     assert batch.input_ids.tolist() == [[10, 11, 12]]
     assert batch.labels.tolist() == [[-100, -100, 12]]
     assert batch.stats.truncated_tokens == 2 and batch.stats.tokens == 3
@@ -183,16 +183,16 @@ def test_padded_masked_labels_by_hand():
 
 def test_padded_large_token_ids():
     tokens = [0, 2**31 - 1, 65535, 65536, 0x01020304]
-    batch = decode_padded(encode_tokens(tokens), [0], max_seq_length=5)
+    batch = decode_padded(encode_tokens(tokens), [0], seq_len=5)
     assert batch.input_ids.tolist() == [tokens]
-    batch = decode_padded(encode_tokens([65535, 0, 0x8000], width=2), [0], max_seq_length=3)
+    batch = decode_padded(encode_tokens([65535, 0, 0x8000], width=2), [0], seq_len=3)
     assert batch.input_ids.tolist() == [[65535, 0, 0x8000]]
 
 
 def test_padded_subset_and_repeated_offsets():
     stream = ramp_stream([3, 4, 5, 6])
     offsets = [stream.offsets[2], stream.offsets[0], stream.offsets[2]]
-    batch = decode_padded(stream.data, offsets, max_seq_length=6)
+    batch = decode_padded(stream.data, offsets, seq_len=6)
     assert_padded_equal(batch, ref_padded(stream.data, offsets, 6, 0))
     assert batch.input_ids[0, :5].tolist() == ramp(2, 5).tolist()
     assert batch.input_ids[1, :3].tolist() == ramp(0, 3).tolist()
@@ -200,7 +200,7 @@ def test_padded_subset_and_repeated_offsets():
 
 def test_padded_empty_offsets():
     stream = ramp_stream([3])
-    batch = decode_padded(stream.data, [], max_seq_length=4)
+    batch = decode_padded(stream.data, [], seq_len=4)
     assert batch.input_ids.shape == (0, 4) and batch.rows.shape == (0,)
     assert batch.stats == DecodeStats()
 
@@ -210,36 +210,36 @@ def test_padded_offsets_from_index_entries(ramp_shard):
     info, stream = ramp_shard
     shard = Shard(info.path)
     result = scan(shard.data, shard.header.data_offset)
-    batch = decode_padded(shard.data, result.entries["offset"], max_seq_length=32)
+    batch = decode_padded(shard.data, result.entries["offset"], seq_len=32)
     assert_padded_equal(batch, ref_padded(stream.data, stream.offsets, 32, 0))
 
 
 def test_padded_out_buffers_reused():
     stream = ramp_stream([5, 40, 2, 9, 13], masked=True)
     out = PaddedBuffers.allocate(8, 16)
-    first = decode_padded(stream.data, stream.offsets, max_seq_length=16, out=out)
+    first = decode_padded(stream.data, stream.offsets, seq_len=16, out=out)
     assert np.shares_memory(first.input_ids, out.input_ids)
     assert np.shares_memory(first.labels, out.labels)
     assert np.shares_memory(first.attention_mask, out.attention_mask)
     assert_padded_equal(first, ref_padded(stream.data, stream.offsets, 16, 0))
     offsets = stream.offsets[3:] + stream.offsets[:1]
-    second = decode_padded(stream.data, offsets, max_seq_length=16, pad_token_id=5, out=out)
+    second = decode_padded(stream.data, offsets, seq_len=16, pad_token_id=5, out=out)
     assert np.shares_memory(second.input_ids, out.input_ids)
     assert_padded_equal(second, ref_padded(stream.data, offsets, 16, 5))
     with pytest.raises(ConfigError):
-        decode_padded(stream.data, stream.offsets, max_seq_length=8, out=out)
+        decode_padded(stream.data, stream.offsets, seq_len=8, out=out)
     with pytest.raises(ConfigError):
-        decode_padded(stream.data, stream.offsets * 2, max_seq_length=16, out=out)
+        decode_padded(stream.data, stream.offsets * 2, seq_len=16, out=out)
 
 
 def test_padded_bad_arguments():
     data = encode_tokens([1])
     with pytest.raises(ConfigError):
-        decode_padded(data, [0], max_seq_length=0)
+        decode_padded(data, [0], seq_len=0)
     with pytest.raises(ConfigError):
-        decode_padded(np.frombuffer(data, np.int8), [0], max_seq_length=4)
+        decode_padded(np.frombuffer(data, np.int8), [0], seq_len=4)
     with pytest.raises(ConfigError):
-        decode_padded(np.frombuffer(data, np.uint8).reshape(1, -1), [0], max_seq_length=4)
+        decode_padded(np.frombuffer(data, np.uint8).reshape(1, -1), [0], seq_len=4)
 
 
 # --- drop reasons ------------------------------------------------------------------------------
@@ -248,7 +248,7 @@ def test_drop_reasons_counted():
     codes = [DropReason.OK if e == "ok" else DropReason[e] for e in expected]
     assert [ref_status(data, o) for o in offsets] == codes  # the reference agrees with the test
     np.testing.assert_array_equal(validate(data, offsets), np.array(codes, np.uint8))
-    batch = decode_padded(data, offsets, max_seq_length=12)
+    batch = decode_padded(data, offsets, seq_len=12)
     assert batch.status.tolist() == [int(c) for c in codes]
     counts = {}
     for e in expected:
@@ -275,7 +275,7 @@ def test_hostile_offsets_from_an_index():
     # offsets as an index stores them (uint64): values past 2**63 wrap to negative int64
     data = encode_tokens([1, 2, 3]) * 4
     offsets = np.array([0, 2**63 - 1, 2**63, 2**64 - 1, 2**63 - 8, 20], np.uint64)
-    batch = decode_padded(data, offsets, max_seq_length=3)
+    batch = decode_padded(data, offsets, seq_len=3)
     assert batch.status.tolist() == [0, 2, 2, 2, 2, 0]
     assert batch.input_ids.tolist() == [[1, 2, 3], [1, 2, 3]]
 
@@ -284,7 +284,7 @@ def test_top_bit_int32_tokens_agree_between_decoders():
     # writers never set the top bit (ids are >= 0); readers all decode the 4 bytes as unsigned
     packet = encode_packet(b"\x80\x00\x00\x00\xff\xff\xff\xff", typ=Typ.TOKEN_IDS)
     host = decode_packet(packet).tokens.tolist()
-    kernel = decode_padded(packet, [0], max_seq_length=2).input_ids[0].tolist()
+    kernel = decode_padded(packet, [0], seq_len=2).input_ids[0].tolist()
     assert host == kernel == [2**31, 2**32 - 1]
 
 
@@ -463,7 +463,7 @@ def test_property_corrupted_shard(ops, hostile, max_len):
     base = base_stream()
     data = corrupt(base.data, ops)
     offsets = list(base.offsets) + hostile  # a stale index plus hostile offsets
-    batch = decode_padded(data, offsets, max_seq_length=max_len, pad_token_id=3)
+    batch = decode_padded(data, offsets, seq_len=max_len, pad_token_id=3)
     ref = ref_padded(data, offsets, max_len, 3)
     assert_padded_equal(batch, ref)
     ok = [k for k, s in enumerate(batch.status) if s == DropReason.OK]
@@ -481,7 +481,7 @@ def test_property_corrupted_shard(ops, hostile, max_len):
     # the offsets a fresh scan finds decode to exactly the original packets that survived
     found = scan(np.frombuffer(data, np.uint8), 32 if len(data) >= 32 else 0)
     offs = found.entries["offset"].astype(np.int64)
-    fresh = decode_padded(data, offs, max_seq_length=max_len)
+    fresh = decode_padded(data, offs, seq_len=max_len)
     for r, k in enumerate(fresh.rows):
         off = int(offs[k])
         assert off in base.offsets
@@ -503,11 +503,11 @@ def test_out_buffers_of_the_wrong_dtype_or_size_are_refused():
     stream = ramp_stream([4, 4])
     small = PaddedBuffers.allocate(1, 4)
     with pytest.raises(ConfigError, match="out.input_ids"):
-        decode_padded(stream.data, stream.offsets, max_seq_length=4, out=small)
+        decode_padded(stream.data, stream.offsets, seq_len=4, out=small)
     wrong = PaddedBuffers.allocate(2, 4)
     wrong.labels = wrong.labels.astype(np.int32)
     with pytest.raises(ConfigError, match="out.labels"):
-        decode_padded(stream.data, stream.offsets, max_seq_length=4, out=wrong)
+        decode_padded(stream.data, stream.offsets, seq_len=4, out=wrong)
     x = np.empty((1, 3), np.int32)
     with pytest.raises(ConfigError, match="int64"):
         decode_packed(stream.data, stream.offsets, batch_size=1, seq_len=3, out=(x, x))

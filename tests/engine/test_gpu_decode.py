@@ -56,9 +56,9 @@ def test_every_drop_reason_padded_and_packed(dec, cpu, resident):
     data = np.frombuffer(data, np.uint8)
     source = dec.resident(data) if resident else data
     for max_len in (3, 12):
-        assert_same_padded(dec.decode_padded(source, offsets, max_seq_length=max_len,
+        assert_same_padded(dec.decode_padded(source, offsets, seq_len=max_len,
                                              pad_token_id=5),
-                           cpu.decode_padded(data, offsets, max_seq_length=max_len,
+                           cpu.decode_padded(data, offsets, seq_len=max_len,
                                              pad_token_id=5))
     for batch_size, seq_len, start in ((2, 4, 0), (1, 9, 3), (None, 5, 1)):
         assert_same_packed(
@@ -77,8 +77,8 @@ def test_property_corrupted_shard_same_batches_as_cpu(ops, hostile, max_len, res
     data = np.frombuffer(corrupt(base.data, ops), np.uint8)
     offsets = list(base.offsets) + hostile
     source = dec.resident(data) if resident else data
-    ref = cpu.decode_padded(data, offsets, max_seq_length=max_len, pad_token_id=3)
-    assert_same_padded(dec.decode_padded(source, offsets, max_seq_length=max_len,
+    ref = cpu.decode_padded(data, offsets, seq_len=max_len, pad_token_id=3)
+    assert_same_padded(dec.decode_padded(source, offsets, seq_len=max_len,
                                          pad_token_id=3), ref)
     try:
         want = cpu.decode_packed(data, offsets, batch_size=2, seq_len=max_len)
@@ -106,8 +106,8 @@ def test_shard_file_with_its_index(dec, cpu, ramp_shard):
     shard = Shard(info.path)
     offsets = load_index(shard).entries["offset"].astype(np.int64)
     assert offsets.tolist() == stream.offsets
-    gpu = dec.decode_padded(dec.resident(shard), offsets, max_seq_length=64)
-    assert_same_padded(gpu, cpu.decode_padded(shard.data, offsets, max_seq_length=64))
+    gpu = dec.decode_padded(dec.resident(shard), offsets, seq_len=64)
+    assert_same_padded(gpu, cpu.decode_padded(shard.data, offsets, seq_len=64))
     assert gpu.stats.valid == len(stream.offsets)
 
 
@@ -117,24 +117,24 @@ def test_submitted_batches_resolve_in_any_order_and_stay_valid_for_the_ring():
     cpu = CpuDecoder(ring=3)
     dec = CudaDecoder(ring=3)
     cases = [stream.offsets[:k] for k in (2, 6, 4)]
-    pending = [dec.submit_padded(data, offs, max_seq_length=6) for offs in cases]
+    pending = [dec.submit_padded(data, offs, seq_len=6) for offs in cases]
     batches = [p.result() for p in reversed(pending)][::-1]
     for batch, offs in zip(batches, cases):
-        assert_same_padded(batch, cpu.decode_padded(data, offs, max_seq_length=6))
+        assert_same_padded(batch, cpu.decode_padded(data, offs, seq_len=6))
     # a fourth submit reuses the first slot: the first batch is read before that, the second
     # and third are untouched
-    fourth = dec.decode_padded(data, stream.offsets[3:], max_seq_length=6)
-    assert_same_padded(fourth, cpu.decode_padded(data, stream.offsets[3:], max_seq_length=6))
+    fourth = dec.decode_padded(data, stream.offsets[3:], seq_len=6)
+    assert_same_padded(fourth, cpu.decode_padded(data, stream.offsets[3:], seq_len=6))
     for batch, offs in zip(batches[1:], cases[1:]):
-        assert_same_padded(batch, cpu.decode_padded(data, offs, max_seq_length=6))
+        assert_same_padded(batch, cpu.decode_padded(data, offs, seq_len=6))
 
 
 def test_a_pending_batch_is_read_before_its_slot_is_reused():
     stream = ramp_stream([3, 5], width=4)
     dec = CudaDecoder(ring=2)
-    first = dec.submit_padded(stream.array, stream.offsets, max_seq_length=4)
-    dec.submit_padded(stream.array, stream.offsets[:1], max_seq_length=4)
-    dec.submit_padded(stream.array, stream.offsets[1:], max_seq_length=4)  # takes first's slot
+    first = dec.submit_padded(stream.array, stream.offsets, seq_len=4)
+    dec.submit_padded(stream.array, stream.offsets[:1], seq_len=4)
+    dec.submit_padded(stream.array, stream.offsets[1:], seq_len=4)  # takes first's slot
     assert first.result().stats.valid == 2
 
 
@@ -142,15 +142,15 @@ def test_buffers_grow_for_more_packets_and_longer_rows(dec, cpu):
     small = ramp_stream([2, 3])
     big = ramp_stream(list(range(1, 70)), width=4)
     for stream, max_len in ((small, 4), (big, 4), (big, 33), (small, 33), (big, 33)):
-        assert_same_padded(dec.decode_padded(stream.array, stream.offsets, max_seq_length=max_len),
-                           cpu.decode_padded(stream.array, stream.offsets, max_seq_length=max_len))
+        assert_same_padded(dec.decode_padded(stream.array, stream.offsets, seq_len=max_len),
+                           cpu.decode_padded(stream.array, stream.offsets, seq_len=max_len))
 
 
 def test_empty_batches(dec, cpu):
     stream = ramp_stream([4])
-    gpu = dec.decode_padded(stream.array, [], max_seq_length=4)
+    gpu = dec.decode_padded(stream.array, [], seq_len=4)
     assert host(gpu.input_ids).shape == (0, 4)
-    assert gpu.stats == cpu.decode_padded(stream.array, [], max_seq_length=4).stats
+    assert gpu.stats == cpu.decode_padded(stream.array, [], seq_len=4).stats
     with pytest.raises(StreamExhausted):
         dec.decode_packed(stream.array, [], batch_size=1, seq_len=2)
     with pytest.raises(StreamExhausted, match="hold 4"):
@@ -160,7 +160,7 @@ def test_empty_batches(dec, cpu):
 def test_bad_arguments(dec):
     stream = ramp_stream([4])
     with pytest.raises(ConfigError):
-        dec.decode_padded(stream.array, stream.offsets, max_seq_length=0)
+        dec.decode_padded(stream.array, stream.offsets, seq_len=0)
     with pytest.raises(ConfigError):
         dec.decode_packed(stream.array, stream.offsets, batch_size=0, seq_len=2)
     with pytest.raises(ConfigError, match="ring"):
@@ -196,5 +196,5 @@ def test_same_batches_from_both_backends_through_the_common_api():
     data = np.frombuffer(data, np.uint8)
     a, b = Decoder(backend="cpu"), Decoder(backend="cuda")
     assert (a.backend, b.backend) == ("cpu", "cuda")
-    assert_same_padded(b.decode_padded(b.resident(data), offsets, max_seq_length=8),
-                       a.decode_padded(a.resident(data), offsets, max_seq_length=8))
+    assert_same_padded(b.decode_padded(b.resident(data), offsets, seq_len=8),
+                       a.decode_padded(a.resident(data), offsets, seq_len=8))

@@ -59,8 +59,8 @@ def test_padded_at_block_boundaries(n_packets, max_len):
     stream = big_stream(n_packets, seed=n_packets)
     dec, cpu = CudaDecoder(), CpuDecoder()
     for source in (stream.array, dec.resident(stream.array)):
-        assert_equal_padded(dec.decode_padded(source, stream.offsets, max_seq_length=max_len),
-                            cpu.decode_padded(stream.array, stream.offsets, max_seq_length=max_len))
+        assert_equal_padded(dec.decode_padded(source, stream.offsets, seq_len=max_len),
+                            cpu.decode_padded(stream.array, stream.offsets, seq_len=max_len))
 
 
 @pytest.mark.parametrize("batch_size,seq_len,start", [(1, 1, 0), (64, 1024, 5), (7, 4097, 1000),
@@ -88,7 +88,7 @@ def test_kernels_launch_only_with_the_signatures_compiled_to_ptx(tmp_path):
 
     stream = big_stream(300)
     dec = CudaDecoder()
-    dec.decode_padded(stream.array, stream.offsets, max_seq_length=64)
+    dec.decode_padded(stream.array, stream.offsets, seq_len=64)
     dec.decode_packed(dec.resident(stream.array), stream.offsets, batch_size=2, seq_len=64)
     (tmp_path / "s.ndp").write_bytes(stream.data)
     for mode in ("padded", "packed", "packing"):  # the Loader launches the packing kernel
@@ -105,16 +105,16 @@ def test_torch_takes_batches_on_its_own_stream():
     torch = pytest.importorskip("torch")
     stream = big_stream(500)
     dec, cpu = CudaDecoder(ring=2), CpuDecoder()
-    want = cpu.decode_padded(stream.array, stream.offsets, max_seq_length=300)
+    want = cpu.decode_padded(stream.array, stream.offsets, seq_len=300)
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        batch = dec.decode_padded(stream.array, stream.offsets, max_seq_length=300)
+        batch = dec.decode_padded(stream.array, stream.offsets, seq_len=300)
         ids = torch.from_dlpack(batch.input_ids)
         total = (ids * 3).sum()  # queued on the side stream, ordered after ndp's kernels
         assert side.cuda_stream in batch.input_ids._consumers.streams
         # two more batches reuse the ring: the reuse waits for the work queued on `side`
-        dec.decode_padded(stream.array, stream.offsets[:10], max_seq_length=300)
-        dec.decode_padded(stream.array, stream.offsets[:10], max_seq_length=300)
+        dec.decode_padded(stream.array, stream.offsets[:10], seq_len=300)
+        dec.decode_padded(stream.array, stream.offsets[:10], seq_len=300)
     side.synchronize()
     assert ids.is_cuda and ids.dtype == torch.int64
     assert int(total) == int(want.input_ids.sum()) * 3
@@ -153,5 +153,5 @@ def test_small_decodes_print_no_low_occupancy_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dec = CudaDecoder()
-        dec.decode_padded(stream.array, stream.offsets, max_seq_length=16)
+        dec.decode_padded(stream.array, stream.offsets, seq_len=16)
         dec.decode_packed(stream.array, stream.offsets, batch_size=1, seq_len=8)

@@ -47,8 +47,8 @@ def main() -> int:
     for shard, offs in cases:
         for source in (shard, dec.resident(shard)):
             for max_len in (1, 33):
-                got = dec.decode_padded(source, offs, max_seq_length=max_len)
-                want = cpu.decode_padded(shard, offs, max_seq_length=max_len)
+                got = dec.decode_padded(source, offs, seq_len=max_len)
+                want = cpu.decode_padded(shard, offs, seq_len=max_len)
                 for name in ("input_ids", "labels", "attention_mask", "status", "rows"):
                     if not np.array_equal(host(getattr(got, name)), getattr(want, name)):
                         print(f"MISMATCH in {name}")

@@ -115,7 +115,7 @@ def test_resumed_training_ends_with_the_same_parameters(data_dir, mode):
 def test_torch_dataloader_over_ndp_dataset_trains(data_dir):
     from ndp.adapters.dataset import NDPDataset
 
-    ds = NDPDataset(data_dir, max_seq_length=16, pad_token_id=0, crc_drop_rate=0.05)
+    ds = NDPDataset(data_dir, seq_len=16, pad_token_id=0, crc_drop_rate=0.05)
     loader = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2,
                                          generator=torch.Generator().manual_seed(0))
     model = TinyLM()

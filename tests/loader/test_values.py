@@ -97,7 +97,7 @@ def test_packed_windows_never_hold_a_dropped_value(tmp_path):
 
 
 def test_ndpdataset_leaves_out_the_same_packets(tmp_path):
-    ds = NDPDataset(dataset(tmp_path, vocab_size=8004), max_seq_length=8)
+    ds = NDPDataset(dataset(tmp_path, vocab_size=8004), seq_len=8)
     assert [int(ds[i]["input_ids"][0]) // 1000 for i in range(len(ds))] == [0, 1, 2, 4, 6]
     assert ds.stats["corrupt"] == {"EMPTY": 1, "TOKEN_RANGE": 4}
 

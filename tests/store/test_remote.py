@@ -125,8 +125,8 @@ def test_resume_mid_epoch_from_remote_equals_local(local, remote, s3_server, tmp
 
 
 def test_ndpdataset_and_cli_read_a_url(local, remote, s3_server, tmp_path):
-    want = NDPDataset(local, max_seq_length=32)
-    got = NDPDataset(remote, max_seq_length=32, storage_options=s3_server.options,
+    want = NDPDataset(local, seq_len=32)
+    got = NDPDataset(remote, seq_len=32, storage_options=s3_server.options,
                      cache_dir=tmp_path)
     assert len(got) == len(want) == 60
     assert all(np.array_equal(got[i]["input_ids"], want[i]["input_ids"]) for i in range(60))
