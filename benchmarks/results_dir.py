@@ -1,6 +1,7 @@
 """Where a benchmark run writes, for every script here and ``notebooks/execute.py``.
 
-``benchmarks/results/`` is the project's record: committed, quoted by the README, shown by
+``benchmarks/results/`` is the project's record: committed, quoted by the README's headline and
+shown by the docs' performance pages (``docs/plugins/``, ``tests/test_docs.py``) and by
 ``notebooks/benchmark.ipynb`` (which ``tests/test_notebooks.py`` checks lists every file). A run
 adds to it only when asked (``--out benchmarks/results``); otherwise it writes to
 ``$NDP_RESULTS_DIR``, else ``ndp-results/`` in the working directory (ignored by git), so a

@@ -421,3 +421,44 @@ def upload(directory: Path, fs, prefix: str) -> None:
     for f in files:
         if f.is_file():
             fs.pipe(f"{prefix}/{f.name}", f.read_bytes())
+
+
+# --- documentation that runs as written (tests/test_readme.py, tests/test_docs.py) ------------
+
+def markdown_blocks(text: str, heading: str | None = None) -> list[tuple[str, str]]:
+    """The fenced ``python`` and ``bash`` blocks of ``text`` (of its section under ``heading``,
+    such as ``"## Quick start"``, up to the next heading of that level), in order, as
+    (language, code)."""
+    import re
+
+    if heading is not None:
+        level = heading.split(" ", 1)[0] + " "
+        text = text[text.index("\n" + heading + "\n"):]
+        end = text.find("\n" + level, 1)
+        text = text if end < 0 else text[:end]
+    return re.findall(r"```(python|bash)\n(.*?)```", text, re.S)
+
+
+def run_markdown(blocks: list[tuple[str, str]], namespace: dict, name: str) -> None:
+    """Run ``blocks`` as a reader would, in the working directory: each python block in
+    ``namespace``, each ``ndp ...`` line of a bash block through ndp's own entry point (exit
+    status 0). A ``pip install`` line is what the test set-up already did; any other shell line
+    fails, so that nothing a page asks the reader to run is silently left out."""
+    import shlex
+
+    from ndp.cli.main import main
+
+    for i, (language, code) in enumerate(blocks, 1):
+        if language == "python":
+            try:
+                exec(compile(code, f"{name} block {i}", "exec"), namespace)
+            except Exception as exc:  # say which block
+                raise AssertionError(f"{name} block {i} failed: {exc!r}\n{code}") from exc
+            continue
+        for line in code.splitlines():
+            line = line.split("  #", 1)[0].strip()
+            if not line or line.startswith("pip install "):
+                continue
+            argv = shlex.split(line)
+            assert argv[0] == "ndp", f"{name} block {i}: a shell line the test cannot run: {line}"
+            assert main(argv[1:]) == 0, f"{name} block {i}: {line} failed"

@@ -202,8 +202,9 @@ def test_gpu_check_counts_a_skip_or_a_dirty_memcheck_as_a_failure():
 
 @pytest.mark.slow
 def test_every_bad_input_of_the_reliability_run_is_handled(tmp_path):
-    """The run behind the README's 'N tried, N handled': every case refused with a named error
-    or delivered exactly (it exits 1 and names the case otherwise)."""
+    """The run behind 'N of N cases handled' (the README's headline, docs/concepts/integrity.md):
+    every case refused with a named error or delivered exactly (it exits 1 and names the case
+    otherwise)."""
     proc = subprocess.run([sys.executable, str(BENCH / "bad_inputs.py"), "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, [line for line in proc.stdout.splitlines() if "FAIL" in line]
@@ -227,7 +228,8 @@ def test_shuffle_quality_smoke_run_tells_a_shuffle_from_a_rotation(tmp_path):
 @pytest.mark.parametrize("env_dir", [False, True], ids=["cwd", "NDP_RESULTS_DIR"])
 def test_a_run_adds_to_the_project_record_only_when_asked(tmp_path, env_dir):
     """A user's run without ``--out`` leaves ``benchmarks/results/`` (the project's record, which
-    the README and the saved benchmark notebook show) as it was: it writes to
+    the README's headline, the docs' performance pages and the saved benchmark notebook show)
+    as it was: it writes to
     ``$NDP_RESULTS_DIR``, else ``ndp-results/`` in the working directory."""
     tmp_path = tmp_path.resolve()  # as the script's working directory reads it
     record = BENCH / "results"

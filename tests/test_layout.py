@@ -101,10 +101,10 @@ def test_ndp_is_folders_by_layer_with_a_handful_of_modules_loose():
 
 def test_tests_mirror_the_package():
     """A test file lives in the folder of the layer it tests (tests/store/ for ndp/store/, ...);
-    at the top only tests of the whole project (README, notebooks, packaging, benchmarks)."""
+    at the top only tests of the whole project (README, docs, notebooks, packaging, benchmarks)."""
     dirs = {p.name for p in (ROOT / "tests").iterdir()
             if p.is_dir() and not p.name.startswith((".", "__"))}
     assert dirs == LAYERS | {"kernels"}
     loose = {p.name for p in (ROOT / "tests").glob("test_*.py")}
-    assert loose == {"test_benchmarks.py", "test_layout.py", "test_notebooks.py",
+    assert loose == {"test_benchmarks.py", "test_docs.py", "test_layout.py", "test_notebooks.py",
                      "test_packaging.py", "test_readme.py"}

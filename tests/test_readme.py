@@ -1,55 +1,29 @@
-"""The README runs: its `ndp convert` line makes `out/` from the embedded corpus (the standard
-library's source, a tokenizer trained on it the way `ndp demo` trains its own), then every
-Python block of its "Python" section runs as written, in order, in one namespace."""
+"""The README runs: its "Quick start" section, as written, in an empty directory (it makes its
+own data and tokenizer, converts them with ``ndp convert`` and builds batches in every mode), and
+its test command is the one CI runs."""
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
 from pathlib import Path
 
 import pytest
 
-from ndp.cli.main import main
-from ndp.cli.demo import stdlib_files, train_tokenizer
+from ndp_test_helpers import markdown_blocks, run_markdown
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def python_blocks(text: str) -> list[str]:
-    section = text[text.index("\n## Python"):]
-    section = section[:section.index("\n## ", 1)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
-
-
-def convert_line(text: str) -> list[str]:
-    line = next(ln for ln in text.splitlines() if ln.startswith("ndp convert data.jsonl out/"))
-    line = re.sub(r"\[[^\]]*\]", "", line)  # optional arguments
-    return shlex.split(line)[1:]
-
-
 @pytest.mark.slow
-def test_the_readme_python_blocks_run_as_written(tmp_path, monkeypatch):
-    text = README.read_text(encoding="utf-8")
-    blocks = python_blocks(text)
-    assert len(blocks) >= 3
-    files = stdlib_files(40)
-    texts = [p.read_text(encoding="utf-8") for p in files]
-    train_tokenizer(texts, tmp_path / "my-tokenizer", vocab_size=1024)
-    with open(tmp_path / "data.jsonl", "w") as f:
-        for t in texts:
-            f.write(json.dumps({"text": t}) + "\n")
+def test_the_readme_quick_start_runs_as_written(tmp_path, monkeypatch):
+    blocks = markdown_blocks(README.read_text(encoding="utf-8"), "## Quick start")
+    assert [lang for lang, _ in blocks] == ["python", "bash", "python"]
     monkeypatch.chdir(tmp_path)
-    assert main([*convert_line(text), "--no-progress"]) == 0
     namespace: dict = {"__name__": "__readme__"}
-    for i, block in enumerate(blocks):
-        try:
-            exec(compile(block, f"README.md python block {i + 1}", "exec"), namespace)
-        except Exception as exc:  # say which block
-            raise AssertionError(f"README python block {i + 1} failed: {exc!r}\n{block}") from exc
-    assert float(namespace["loss"]) > 0  # the GPU block trained on shifted labels
-    namespace["loader"].close()
+    run_markdown(blocks, namespace, "README.md quick start")
+    assert (tmp_path / "out" / "ndp.json").is_file() and (tmp_path / "sft" / "ndp.json").is_file()
+    assert "cu_seqlens" in namespace["batch"]  # the last loop was packing mode's
+    assert len(namespace["dataset"]) > 0
 
 
 def _bash_block_after(text: str, heading: str) -> list[str]:
@@ -75,3 +49,15 @@ def test_ci_builds_a_new_venv_and_runs_the_readme_test_command():
     test_at = next(i for i, ln in enumerate(lines) if ln.startswith(pytest_cmd))
     assert venv_at < activate_at < install_at < test_at
     assert "mktemp -d" in ci  # a new folder every run, never a venv left from before
+
+
+def test_the_readme_stays_a_front_door():
+    """At most 300 lines, and no commit hashes or issue numbers: those belong in results files
+    and commits; the reference material lives in docs/."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    assert not re.search(r"\bissue \d+|#\d{2,}\b", text, re.I)
+    hashes = re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", text)
+    assert not hashes, f"commit hashes in the README: {hashes}"
+    for target in re.findall(r"\]\((docs/[^)#]+)", text):  # every docs link leads to a page
+        assert (README.parent / target).is_file(), target

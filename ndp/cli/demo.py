@@ -57,7 +57,7 @@ def next_steps(workdir: Path) -> list[str]:
         f"  ndp inspect {shlex.quote(code_dir)}",
         f"  python -c {shlex.quote(loader)}",
         "  For torch tensors (the default output), pip install \"neural-datagram[torch]\" and "
-        "drop output=\"arrays\"; README, 'Training batches'.",
+        "drop output=\"arrays\" (docs/concepts/modes.md).",
         f"  Remove it all with: rm -rf {shlex.quote(str(workdir))}",
     ]
 

@@ -1,0 +1,159 @@
+"""The headline measurements: one table, read from the featured results files, shown by the
+docs' performance page and by the README between its ``headline`` markers.
+
+    python docs/plugins/headline.py           # print the README's block
+    python docs/plugins/headline.py --write   # rewrite it in README.md (after a results change)
+
+``tests/test_docs.py`` fails while the README's block differs from what this prints, so a
+figure in the README is never typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import results  # noqa: E402
+import tables  # noqa: E402
+from results import Result, featured, fmt, link, of_kind  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+START, END = "<!-- headline:start -->", "<!-- headline:end -->"
+SHAPES = {"sft": "SFT rows (`padded`)", "windows": "pretraining windows (`packed`)"}
+
+
+def _loader_rows(r: Result, page: str | None) -> list[list[str]]:
+    rows = {p.get("name"): p for p in r.report["pipelines"] if isinstance(p, dict)}
+    config = r.report.get("config") or {}
+    out = []
+    for shape, pair in (r.report.get("paired") or {}).items():
+        ours = rows.get(pair.get("ndp"), {})
+        peer_name = Counter(x.get("peer") for x in pair.get("per_round", [])).most_common(1)
+        peer = rows.get(peer_name[0][0], {}) if peer_name else {}
+        out.append([
+            f"CPU Loader, {SHAPES.get(shape, shape)}, {config.get('B', '?')} x "
+            f"{config.get('T', '?')}",
+            f"{fmt(ours.get('tokens_per_s'), 1e6)} M tokens/s, "
+            f"{fmt(ours.get('host_cpu_s_per_billion_tokens'))} CPU-s per 1e9 tokens",
+            f"{peer.get('name', '?')}: {fmt(peer.get('tokens_per_s'), 1e6)} M tokens/s, "
+            f"{fmt(peer.get('host_cpu_s_per_billion_tokens'))} CPU-s; ndp spends "
+            f"{fmt(pair.get('median'), digits=2)}x less CPU per token (median of "
+            f"{len(pair.get('per_round', []))} rounds)",
+            link(r.name, page)])
+    return out
+
+
+def _decode_row(r: Result, page: str | None) -> list[str]:
+    row = next((d for d in r.report["decode"]
+                if d.get("token_width") == 4 and not d.get("masked")), {})
+    return [f"CPU decode, CRC on, int32 tokens, {row.get('batch', '?')} x {row.get('seq', '?')}",
+            f"validate {fmt(row.get('validate_tokens_per_s'), 1e6, 0)} M tokens/s; padded rows "
+            f"{fmt(row.get('padded_tokens_per_s'), 1e6, 0)} M; packed windows "
+            f"{fmt(row.get('packed_tokens_per_s'), 1e6, 0)} M", "", link(r.name, page)]
+
+
+def _remote_row(r: Result, page: str | None) -> list[str]:
+    rows = [d for d in r.report["rows"] if isinstance(d, dict)]
+    ours = [d for d in rows if str(d.get("name", "")).startswith("s3")]
+    local = [d for d in rows if not str(d.get("name", "")).startswith("s3")]
+    return ["Object storage (S3 API on loopback), CPU Loader",
+            "; ".join(f"{d.get('name')}: {fmt(d.get('tokens_per_s'), 1e6)} M tokens/s, first "
+                      f"batch {fmt(d.get('time_to_first_batch_s'), digits=2)} s" for d in ours),
+            "; ".join(f"{d.get('name')}: {fmt(d.get('tokens_per_s'), 1e6)} M tokens/s" for d in
+                      local), link(r.name, page)]
+
+
+def _gpu_row(r: Result, loader: bool, page: str | None) -> list[str]:
+    rows = {k: v for k, v in r.report["results"].items()
+            if isinstance(v, dict) and "padded" in k}
+    device = (r.report.get("device") or {}).get("name", "GPU not recorded")
+    what = "GPU Loader" if loader else "GPU decode calls, not the Loader"
+    return [f"{what}, padded rows, {device}",
+            "; ".join(f"{k}: {fmt(v.get('tokens_per_s'), 1e9, 2)} G tokens/s"
+                      for k, v in rows.items()), "", link(r.name, page)]
+
+
+def _loss_difference(value) -> str:
+    """The A/B's largest loss difference between the feeds, in words."""
+    if not results.is_number(value):
+        return "loss difference not recorded"
+    return "identical loss curves" if value == 0 else f"loss curves differ by at most {value:g}"
+
+
+def _train_row(r: Result, page: str | None) -> list[str]:
+    runs = {k: v for k, v in r.report["runs"].items() if isinstance(v, dict)}
+    config = r.report.get("config") or {}
+    return [f"Training A/B, small GPT, {config.get('steps', '?')} steps on "
+            f"{r.report.get('device', '?')}",
+            _loss_difference(r.report.get("max_abs_loss_difference"))
+            + "".join(f"; {k}: {fmt(v.get('step_s_mean'), 1e-3, 0)} ms per step"
+                      for k, v in runs.items() if k == "ndp"),
+            "; ".join(f"{k}: {fmt(v.get('step_s_mean'), 1e-3, 0)} ms per step"
+                      for k, v in runs.items() if k != "ndp"), link(r.name, page)]
+
+
+def markdown(all_results: list[Result], page: str | None) -> str:
+    """The headline table and the commands behind it; links from ``page`` (None: the README)."""
+    rows, used = [], []
+    for r in featured("loaders", all_results) if of_kind(all_results, "loaders") else []:
+        rows += _loader_rows(r, page)
+        used.append(r)
+    for kind, row in (("decode", _decode_row), ("remote", _remote_row), ("train", _train_row)):
+        for r in featured(kind, all_results) if of_kind(all_results, kind) else []:
+            rows.append(row(r, page))
+            used.append(r)
+    gpu_loader = featured("gpu-loader", all_results) if of_kind(all_results, "gpu-loader") else []
+    gpu = gpu_loader or (featured("gpu", all_results) if of_kind(all_results, "gpu") else [])
+    for r in gpu:
+        rows.append(_gpu_row(r, bool(gpu_loader), page))
+        used.append(r)
+    for r in featured("bad-inputs", all_results) if of_kind(all_results, "bad-inputs") else []:
+        rows.append(["Damaged, stale, cut and misused inputs (`benchmarks/bad_inputs.py`)",
+                     f"{r.report.get('handled', '?')} of {r.report.get('tried', '?')} cases "
+                     "refused with a named error or served exactly", "", link(r.name, page)])
+        used.append(r)
+    out = [tables.table(["measurement", "ndp", "compared with", "results file"], rows,
+                         numbers=False), ""]
+    if not gpu_loader:
+        out += ["The Loader's GPU pipeline has no results file yet "
+                "(`python benchmarks/gpu_check.py --out benchmarks/results` makes one on a GPU "
+                "machine).", ""]
+    out += ["Each file records its command, machine and date:", ""]
+    seen = set()
+    for r in used:
+        if r.name not in seen:
+            seen.add(r.name)
+            out.append(f"* `{r.name}`: `{r.command}`; {r.machine.split(';')[0]}, {r.when}")
+    return "\n".join(out) + "\n"
+
+
+def readme_block() -> str:
+    loaded, _ = results.load(ROOT / "benchmarks" / "results")
+    return f"{START}\n{markdown(loaded, None)}{END}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help="rewrite the block in README.md")
+    args = ap.parse_args(argv)
+    block = readme_block()
+    if not args.write:
+        print(block)
+        return 0
+    readme = ROOT / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        print(f"README.md has no {START} ... {END} block", file=sys.stderr)
+        return 2
+    head, rest = text.split(START, 1)
+    readme.write_text(head + block + rest.split(END, 1)[1], encoding="utf-8")
+    print("README.md: headline block rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The results files of ``benchmarks/results/`` as Markdown: what the performance pages, the
+concept pages that quote a measurement, and the README's headline show.
+
+Nothing here measures or assumes a figure: every number is read from a results file, printed
+with the file's name, the command that made it, its machine and its date, and a figure a file
+lacks is printed as ``n/a``. A file is sorted into the kinds of result it holds by the same
+rules as ``notebooks/benchmark.ipynb`` (a ``decode`` list, a ``loader`` list, ``pipelines``,
+...), plus the kinds the notebook does not show (remote, shuffle, training A/B, bad inputs,
+the simulator's accounting). Standard library only: the hook imports it at every build, and
+``python docs/plugins/headline.py`` without ndp installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+#: where a page finds a results file: ``performance/results/<name>`` in the site (the hook
+#: copies every file of benchmarks/results/ there)
+SITE_RESULTS = "performance/results"
+
+#: The runs each kind's page shows first, in full and charted, and the README's headline quotes:
+#: a maintainer's choice, since the newest file is not always the newest code (a run of an older
+#: checkout, made for comparison, can come after). The figures are still read from the files; a
+#: kind missing here shows its newest file first. A name that is not in benchmarks/results/
+#: fails the build.
+FEATURED = {
+    # the rounds after the carry-less CRC: 5 rounds each, batches of 16 and of 64 rows
+    "loaders": ["loaders-20261124-195039.json", "loaders-20261124-200135.json"],
+    "decode": ["cpu-decode-loader-20261124-193759.json"],
+    "loader": ["cpu-decode-loader-20261124-193759.json"],
+    # shards read per packet, then every shard read into memory first (resident=True)
+    "breakdown": ["cpu-breakdown-20261124-193047.json", "cpu-breakdown-20261124-200826.json"],
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    """One results file: its name and what it holds."""
+
+    name: str
+    report: dict
+    folder: Path | None = None  # where the file lies, for the figures beside it
+
+    @property
+    def when(self) -> str:
+        """The date the file records (``date``, ``created`` or ``time``), else the one in its
+        name (``-YYYYMMDD-HHMMSS``), said to be so."""
+        for key in ("date", "created", "time"):
+            if isinstance(self.report.get(key), str):
+                return self.report[key].replace("T", " ")[:16]
+        m = re.search(r"-(\d{4})(\d\d)(\d\d)-(\d\d)(\d\d)\d\d\.", self.name)
+        if m:
+            return f"{m[1]}-{m[2]}-{m[3]} {m[4]}:{m[5]} (from the file name)"
+        return "date not recorded"
+
+    @property
+    def machine(self) -> str:
+        machine = self.report.get("machine")
+        if isinstance(machine, str):
+            return machine
+        if not isinstance(machine, dict):
+            return "machine not recorded"
+        parts = [f"{machine.get('cpu', 'CPU not recorded')}, {machine.get('cores', '?')} cores"]
+        if is_number(machine.get("memory_gb")):
+            parts[0] += f", {machine['memory_gb']:.0f} GB"
+        device = self.report.get("device")
+        if isinstance(device, dict) and device.get("name"):
+            parts.append(f"GPU {device['name']}")
+        versions = machine.get("versions") or {}
+        named = [f"{k} {versions[k]}" for k in ("python", "numpy", "numba", "torch")
+                 if k in versions]
+        if named:
+            parts.append(", ".join(named))
+        if machine.get("ndp_threads"):
+            parts.append(f"{machine['ndp_threads']} ndp thread(s)")
+        return "; ".join(parts)
+
+    @property
+    def command(self) -> str:
+        command = self.report.get("command") or (self.report.get("config") or {}).get("command")
+        return str(command).strip() if command else "command not recorded"
+
+    @property
+    def sort_key(self) -> str:
+        return self.when
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def fmt(value, scale: float = 1.0, digits: int = 1) -> str:
+    """``value / scale`` with thousands separators, or ``n/a`` for a missing figure."""
+    return f"{value / scale:,.{digits}f}" if is_number(value) else "n/a"
+
+
+def kinds_of(name: str, report: dict) -> list[str]:
+    """The kinds of result a file holds (one file can hold several)."""
+    if name.startswith("sim-"):  # under the CUDA simulator: counts mean something, times not
+        return ["accounting"] if isinstance(report.get("accounting"), list) else []
+    kinds = []
+    for kind, key, typ in (("decode", "decode", list), ("crc", "crc", dict),
+                           ("convert", "convert", dict), ("loader", "loader", list),
+                           ("loaders", "pipelines", list)):
+        if isinstance(report.get(key), typ):
+            kinds.append(kind)
+    if report.get("benchmark") == "cpu-breakdown" and isinstance(report.get("rows"), list):
+        kinds.append("breakdown")
+    if name.startswith("gpu-loader-") and isinstance(report.get("results"), dict):
+        kinds.append("gpu-loader")
+    elif name.startswith("gpu-") and isinstance(report.get("results"), dict):
+        kinds.append("gpu")
+    if name.startswith("remote-") and isinstance(report.get("rows"), list):
+        kinds.append("remote")
+    if name.startswith("shuffle-") and isinstance(report.get("rows"), dict):
+        kinds.append("shuffle")
+    if name.startswith("train-ab-") and isinstance(report.get("runs"), dict):
+        kinds.append("train")
+    if name.startswith("bad-inputs-") and isinstance(report.get("cases"), list):
+        kinds.append("bad-inputs")
+    return kinds
+
+
+def load(folder: Path) -> tuple[list[Result], list[tuple[str, str]]]:
+    """Every JSON file in ``folder``, newest first, and the (name, why) of those it cannot
+    show."""
+    results, skipped = [], []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            skipped.append((path.name, f"unreadable: {err}"))
+            continue
+        if not isinstance(report, dict) or not kinds_of(path.name, report):
+            skipped.append((path.name, "no section these pages know"))
+            continue
+        results.append(Result(path.name, report, folder))
+    results.sort(key=lambda r: r.sort_key, reverse=True)
+    return results, skipped
+
+
+def of_kind(results: list[Result], kind: str) -> list[Result]:
+    return [r for r in results if kind in kinds_of(r.name, r.report)]
+
+
+def link(name: str, page: str | None) -> str:
+    """A Markdown link to results file ``name`` from docs page ``page`` (its path under docs/),
+    or, for ``page=None``, from the repository's root (the README)."""
+    if page is None:
+        return f"[`{name}`](benchmarks/results/{name})"
+    target = posixpath.relpath(f"{SITE_RESULTS}/{name}", posixpath.dirname(page) or ".")
+    return f"[`{name}`]({target})"
+
+
+def provenance(result: Result, page: str | None) -> str:
+    lines = [f"{link(result.name, page)}: `{result.command}`", "",
+             f"Machine: {result.machine}. Date: {result.when}."]
+    code = (result.report.get("machine") or {}) if isinstance(result.report.get("machine"),
+                                                              dict) else {}
+    if code.get("ndp_commit"):
+        lines[-1] += f" ndp: `{code['ndp_commit']}`."
+    if isinstance(result.report.get("note"), str):
+        lines += ["", f"Note recorded in the file: {result.report['note']}"]
+    return "\n".join(lines)
+
+
+def featured(kind: str, results: list[Result]) -> list[Result]:
+    """The runs of ``kind`` shown first: ``FEATURED[kind]``, else the newest file."""
+    files = of_kind(results, kind)
+    if kind not in FEATURED:
+        return files[:1]
+    by_name = {r.name: r for r in files}
+    missing = [n for n in FEATURED[kind] if n not in by_name]
+    if missing:
+        raise LookupError(f"docs/plugins/results.py FEATURED[{kind!r}] names {missing}, which "
+                          f"benchmarks/results/ does not hold as {kind} results")
+    return [by_name[n] for n in FEATURED[kind]]

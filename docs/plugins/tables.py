@@ -1,0 +1,313 @@
+"""The results files' tables: one renderer per kind of result (``TABLES``), a page's section of
+a kind (``section``) and the list of every file (``files_table``), as Markdown. The files are
+read and sorted into kinds by ``results``; every number printed here is read from one of them.
+Standard library only, like ``results``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from results import (
+    SITE_RESULTS,
+    Result,
+    featured,
+    fmt,
+    is_number,
+    kinds_of,
+    link,
+    of_kind,
+    provenance,
+)
+
+
+def table(headers: list[str], rows: list[list[str]], *, numbers: bool = True) -> str:
+    """A Markdown table; the first column left-aligned, the others right-aligned (figures) or,
+    with ``numbers=False``, left-aligned too."""
+    rule = ":---" if not numbers else "---:"
+    out = ["| " + " | ".join(headers) + " |",
+           "|" + "|".join([":---"] + [rule] * (len(headers) - 1)) + "|"]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+# --- one table per kind --------------------------------------------------------------------
+
+def _decode(r: Result) -> str:
+    rows = [d for d in r.report["decode"] if isinstance(d, dict)]
+    return table(
+        ["tokens", "packets", "batch", "validate M tok/s", "validate GB/s", "padded M tok/s",
+         "packed M tok/s", "byte-wise CRC M tok/s"],
+        [[("uint16" if d.get("token_width") == 2 else "int32")
+          + (" + loss mask" if d.get("masked") else ""), fmt(d.get("packets"), digits=0),
+          f"{d.get('batch', '?')} x {d.get('seq', '?')}",
+          fmt(d.get("validate_tokens_per_s"), 1e6, 0), fmt(d.get("validate_gb_per_s"), digits=2),
+          fmt(d.get("padded_tokens_per_s"), 1e6, 0), fmt(d.get("packed_tokens_per_s"), 1e6, 0),
+          fmt(d.get("bytewise_crc_tokens_per_s"), 1e6, 0)] for d in rows])
+
+
+def _crc(r: Result) -> str:
+    crc = r.report["crc"]
+    rows = [c for c in crc.get("ranges", []) if isinstance(c, dict)]
+    head = (f"Carry-less multiplication available: {crc.get('clmul', 'n/a')}; "
+            f"{crc.get('threads', '?')} thread(s).\n\n")
+    return head + table(["range (bytes)", "table loop GB/s", "ndp's host CRC GB/s"],
+                        [[fmt(c.get("range_bytes"), digits=0), fmt(c.get("tables_gb_per_s"),
+                                                                   digits=2),
+                          fmt(c.get("host_gb_per_s"), digits=2)] for c in rows])
+
+
+def _convert(r: Result) -> str:
+    sets = {k: v for k, v in r.report["convert"].items() if isinstance(v, dict)}
+    return table(["set", "input MB", "examples", "tokens", "seconds", "M tokens/s",
+                  "MB/s of input"],
+                 [[k, fmt(v.get("input_mb")), fmt(v.get("examples"), digits=0),
+                   fmt(v.get("tokens"), digits=0), fmt(v.get("seconds")),
+                   fmt(v.get("tokens_per_s"), 1e6, 2), fmt(v.get("input_mb_per_s"), digits=2)]
+                  for k, v in sets.items()])
+
+
+def _loader(r: Result) -> str:
+    rows = [d for d in r.report["loader"] if isinstance(d, dict)]
+    return table(["mode", "packets", "batch", "chunk (batches)", "prefetch", "M tokens/s",
+                  "`next()` p50 us", "`next()` p99 us", "host CPU s per 1e9 tokens"],
+                 [[d.get("mode", "?"), fmt(d.get("packets"), digits=0),
+                   f"{d.get('batch', '?')} x {d.get('seq_len', '?')}",
+                   d.get("chunk_batches", "n/a"), d.get("prefetch", "n/a"),
+                   fmt(d.get("tokens_per_s"), 1e6, 0), fmt(d.get("next_p50_us")),
+                   fmt(d.get("next_p99_us"), digits=0),
+                   fmt(d.get("host_cpu_s_per_billion_tokens"))] for d in rows])
+
+
+STAGES = ["stage", "verdicts", "layout", "build", "producer_other", "consumer", "process"]
+STAGE_NAMES = {"stage": "reading packets", "verdicts": "verdicts (CRC)", "layout": "layout",
+               "build": "build", "producer_other": "producer, rest", "consumer": "consumer",
+               "process": "whole process"}
+
+
+def _breakdown(r: Result) -> str:
+    rows = [d for d in r.report["rows"] if isinstance(d, dict)]
+    head = (f"Corpus: {r.report.get('corpus', 'not recorded')}; ndp threads: "
+            f"{r.report.get('threads', '?')}; `resident`: {r.report.get('resident', False)}. "
+            "CPU nanoseconds per delivered token.\n\n")
+    return head + table(
+        ["mode, batch", "chunk (batches)", "M tokens/s"] + [STAGE_NAMES[s] for s in STAGES],
+        [[f"{d.get('mode', '?')}, {d.get('batch', '?')} x {d.get('seq_len', '?')}",
+          d.get("chunk_batches", "n/a"), fmt(d.get("tokens_per_s"), 1e6, 0)]
+         + [fmt((d.get("ns_per_token") or {}).get(s), digits=2) for s in STAGES] for d in rows])
+
+
+def _spread(row: dict, key: str, scale: float = 1.0, digits: int = 1) -> str:
+    rounds = [x.get(key) for x in row.get("rounds", []) if isinstance(x, dict)]
+    rounds = [x for x in rounds if is_number(x)]
+    if len(rounds) < 2:
+        return ""
+    return f" ({fmt(min(rounds), scale, digits)}-{fmt(max(rounds), scale, digits)})"
+
+
+def _loaders(r: Result) -> str:
+    rows = [d for d in r.report["pipelines"] if isinstance(d, dict)]
+    config = r.report.get("config") or {}
+    n = r.report.get("rounds")
+    head = (f"Batches of {config.get('B', '?')} x {config.get('T', '?')}; "
+            f"{fmt(config.get('tokens'), digits=0)} tokens in "
+            f"{fmt(config.get('documents'), digits=0)} documents; each pipeline ran "
+            f"{fmt(config.get('seconds'), digits=0)} s; first batch on "
+            f"{fmt(config.get('large_tokens'), digits=0)} tokens.")
+    if is_number(n) and n > 1:
+        head += (f" {n} rounds: each figure is the median of its rounds, the range of host "
+                 "CPU in brackets.")
+    out = [head, "", table(
+        ["pipeline", "M tokens/s", "rows/s", "`next()` p50 / p99 us", "host CPU s per 1e9 tokens",
+         "peak RSS MB", "first batch s"],
+        [[d.get("name", "?"), fmt(d.get("tokens_per_s"), 1e6), fmt(d.get("samples_per_s"),
+                                                                   digits=0),
+          f"{fmt(d.get('next_p50_us'), digits=0)} / {fmt(d.get('next_p99_us'), digits=0)}",
+          fmt(d.get("host_cpu_s_per_billion_tokens"))
+          + _spread(d, "host_cpu_s_per_billion_tokens"),
+          fmt(d.get("peak_rss_mb"), digits=0), fmt(d.get("time_to_first_batch_s"), digits=2)]
+         for d in rows])]
+    paired = r.report.get("paired") or {}
+    if paired:
+        out += ["", "Host CPU per token, the cheapest peer of each round over ndp's:", "", table(
+            ["shape", "ndp", "peer (per round)", "ratio per round", "median"],
+            [[shape, p.get("ndp", "?"),
+              ", ".join(sorted({x.get("peer", "?") for x in p.get("per_round", [])})),
+              ", ".join(fmt(x.get("ratio"), digits=2) for x in p.get("per_round", [])),
+              fmt(p.get("median"), digits=2) + "x"] for shape, p in paired.items()])]
+    converted = {d.get("name"): d["conversion"] for d in rows
+                 if isinstance(d.get("conversion"), dict)}
+    if converted:
+        out += ["", "The peers' conversions of the data, as recorded: " + "; ".join(
+            f"`{k}` {fmt(v.get('convert_seconds'), digits=1)} s, "
+            f"{fmt(v.get('converted_bytes'), 1e6, 0)} MB" for k, v in converted.items()) + "."]
+    semantics = {d.get("name"): d.get("semantics") for d in rows if d.get("semantics")}
+    if semantics:
+        out += ["", "What each pipeline serves, as the file records it:", ""]
+        out += [f"* `{k}`: {v}" for k, v in semantics.items()]
+    return "\n".join(out)
+
+
+def _gpu(r: Result) -> str:
+    results = {k: v for k, v in r.report["results"].items() if isinstance(v, dict)}
+    config = r.report.get("config") or {}
+    head = ", ".join(f"{k} {v}" for k, v in config.items() if k != "command")
+    out = [f"Configuration: {head}." if head else "", "", table(
+        ["pipeline", "G tokens/s", "`next()` p50 / p99 us", "host CPU s per 1e9 tokens",
+         "launches per batch", "host waits per batch"],
+        [[k, fmt(v.get("tokens_per_s"), 1e9, 3),
+          f"{fmt(v.get('next_p50_us'), digits=0)} / {fmt(v.get('next_p99_us'), digits=0)}",
+          fmt(v.get("host_cpu_s_per_billion_tokens"), digits=2),
+          fmt((v.get("per_batch") or {}).get("launches"), digits=3),
+          fmt((v.get("per_batch") or {}).get("host_waits"), digits=3)]
+         for k, v in results.items()])]
+    limits = r.report.get("physical_limits") or {}
+    if limits:
+        out += ["", "Copy bandwidth measured in the same run: " + ", ".join(
+            f"{k} {fmt(v, digits=1)}" for k, v in limits.items())]
+    targets, met = r.report.get("targets") or {}, r.report.get("targets_met") or {}
+    if targets:
+        out += ["", "Targets recorded in the file: " + ", ".join(
+            f"{k} {fmt(v, digits=0)} ({'met' if met.get(k) else 'not met'})"
+            for k, v in targets.items())]
+    return "\n".join(out)
+
+
+def _accounting(r: Result) -> str:
+    rows = [d for d in r.report["accounting"] if isinstance(d, dict)]
+    keys = ["chunks", "launches", "h2d_copies", "d2h_copies", "host_waits", "dlpack_exports"]
+    return ("Counted under Numba's CUDA simulator: the counts are the GPU path's, the times "
+            "mean nothing.\n\n" + table(
+                ["mode", "resident", "batch", "chunk (batches)", "batches"]
+                + [k.replace("_", " ") + " per batch" for k in keys],
+                [[d.get("mode", "?"), d.get("resident", "?"),
+                  f"{d.get('batch', '?')} x {d.get('seq_len', '?')}", d.get("chunk_batches", "?"),
+                  fmt(d.get("batches"), digits=0)]
+                 + [fmt((d.get("per_batch") or {}).get(k), digits=3) for k in keys]
+                 for d in rows]))
+
+
+def _remote(r: Result) -> str:
+    config = r.report.get("config") or {}
+    rows = [d for d in r.report["rows"] if isinstance(d, dict)]
+    head = (f"{config.get('shards', '?')} shards, {fmt(config.get('tokens'), digits=0)} tokens, "
+            f"{fmt(config.get('bytes'), 1e6, 0)} MB, served by {config.get('server', '?')}; one "
+            f"epoch of `mode=\"{config.get('mode', '?')}\"`, {config.get('B', '?')} x "
+            f"{config.get('T', '?')}, backend {config.get('backend', '?')}, in a fresh process "
+            "per row.\n\n")
+    return head + table(
+        ["read from", "first batch s", "M tokens/s after it", "host CPU s per 1e9 tokens",
+         "downloaded MB", "downloads"],
+        [[d.get("name", "?"), fmt(d.get("time_to_first_batch_s"), digits=2),
+          fmt(d.get("tokens_per_s"), 1e6), fmt(d.get("host_cpu_s_per_billion_tokens"), digits=0),
+          fmt(d.get("downloaded_bytes"), 1e6, 0), fmt(d.get("downloads"), digits=0)]
+         for d in rows])
+
+
+def _shuffle(r: Result) -> str:
+    rep = r.report
+    peers = ", ".join(f"{k} {v}" for k, v in (rep.get("peers") or {}).items())
+    head = (f"{fmt(rep.get('docs'), digits=0)} documents of {fmt(rep.get('doc_bytes'), digits=0)} "
+            f"bytes, one rank, epoch 0 to epoch 1; regions of "
+            f"{fmt(rep.get('region_bytes'), 2 ** 20, 0)} MiB. Peers: {peers or 'not recorded'}."
+            "\n\n")
+    rows = {k: v for k, v in rep["rows"].items() if isinstance(v, dict)}
+    return head + table(
+        ["order", "share of neighbours kept from the last epoch",
+         "\\|corr\\| of positions between epochs", "regions among 8 batches of 64 documents"],
+        [[k, f"{v['adjacent_kept']:.1e}" if is_number(v.get("adjacent_kept")) else "n/a",
+          fmt(v.get("position_corr"), digits=4),
+          f"{fmt(v.get('regions_per_8_batches'), digits=1)} of "
+          f"{fmt(v.get('regions_in_corpus'), digits=0)}"] for k, v in rows.items()])
+
+
+def _train(r: Result, page: str | None) -> str:
+    config = r.report.get("config") or {}
+    runs = {k: v for k, v in r.report["runs"].items() if isinstance(v, dict)}
+    head = (f"Device: {r.report.get('device', '?')}; {config.get('steps', '?')} steps of "
+            f"{config.get('B', '?')} x {config.get('T', '?')}, vocabulary "
+            f"{fmt(config.get('vocab'), digits=0)}, {fmt(config.get('documents'), digits=0)} "
+            "documents, the same initial weights and document order for every feed. Largest "
+            f"difference between the loss curves: "
+            f"{fmt(r.report.get('max_abs_loss_difference'), digits=6)}.\n\n")
+    out = head + table(
+        ["feed", "step ms, mean", "step ms, p50", "share of the step waiting for data",
+         "last loss"],
+        [[k, fmt(v.get("step_s_mean"), 1e-3, 2), fmt(v.get("step_s_p50"), 1e-3, 2),
+          fmt(100 * v["wait_fraction"], digits=2) + "%" if is_number(v.get("wait_fraction"))
+          else "n/a", fmt((v.get("loss") or [None])[-1], digits=4)] for k, v in runs.items()])
+    figure = r.report.get("figure")
+    if isinstance(figure, str) and (r.folder is None or not (r.folder / figure).is_file()):
+        out += f"\n\nThe file names a figure, `{figure}`, that `benchmarks/results/` does not hold."
+    elif isinstance(figure, str) and page is not None:
+        src = posixpath.relpath(f"{SITE_RESULTS}/{figure}", posixpath.dirname(page) or ".")
+        out += (f"\n\n![The loss curves of {r.name}]({src})\n\n"
+                f"*The loss curves, drawn by the benchmark itself ({figure}); {r.machine}, "
+                f"{r.when}.*")
+    return out
+
+
+def _bad_inputs(r: Result) -> str:
+    cases = [c for c in r.report["cases"] if isinstance(c, dict)]
+    groups: dict[str, list[dict]] = {}
+    for c in cases:
+        groups.setdefault(str(c.get("group", "?")), []).append(c)
+    head = (f"**{r.report.get('handled', '?')} of {r.report.get('tried', '?')} cases "
+            "handled.**\n\n")
+    summary = table(["group", "cases", "handled"],
+                    [[g, len(cs), sum(bool(c.get("handled")) for c in cs)]
+                     for g, cs in groups.items()])
+    details = table(["group", "case", "handled", "what ndp did"],
+                    [[c.get("group", "?"), c.get("case", "?"), "yes" if c.get("handled") else "NO",
+                      re.sub(r"/tmp/\S+?/", ".../", str(c.get("detail", "")))[:160]]
+                     for c in cases], numbers=False)
+    return head + summary + "\n\n??? note \"Every case\"\n\n" + _indent(details)
+
+
+TABLES = {"decode": _decode, "crc": _crc, "convert": _convert, "loader": _loader,
+          "breakdown": _breakdown, "loaders": _loaders, "gpu": _gpu, "gpu-loader": _gpu,
+          "accounting": _accounting, "remote": _remote, "shuffle": _shuffle,
+          "bad-inputs": _bad_inputs}
+
+
+def render(kind: str, result: Result, page: str | None) -> str:
+    """The table (and notes) of ``kind`` in ``result``."""
+    if kind == "train":
+        return _train(result, page)
+    return TABLES[kind](result)
+
+
+def _indent(text: str) -> str:
+    return "\n".join(("    " + line) if line else "" for line in text.splitlines())
+
+
+def section(kind: str, results: list[Result], page: str | None,
+            charts: dict[str, str] | None = None) -> str:
+    """Every file of ``kind``: the featured runs in full (each with its chart, a Markdown image
+    from ``charts`` by file name, under it), then the others folded, newest first."""
+    files = of_kind(results, kind)
+    if not files:
+        return ("No results file of this kind in `benchmarks/results/` yet: the command above "
+                "makes one.\n")
+    first = featured(kind, results)
+    out = []
+    for r in first:
+        out += [provenance(r, page), "", render(kind, r, page), ""]
+        if charts and r.name in charts:
+            out += [charts[r.name], ""]
+    older = [r for r in files if r not in first]
+    if older:
+        out += [f"Other runs ({len(older)}), newest first:", ""]
+        for r in older:
+            out += [f"??? note \"{r.name}: {r.when}\"", "",
+                    _indent(provenance(r, page) + "\n\n" + render(kind, r, page)), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def files_table(results: list[Result], skipped: list[tuple[str, str]], page: str | None) -> str:
+    """Every results file: what it holds, when, on what, by which command."""
+    rows = [[link(r.name, page), ", ".join(kinds_of(r.name, r.report)), r.when,
+             r.machine.split(";")[0], f"`{r.command}`"] for r in results]
+    rows += [[f"`{name}`", f"not shown: {why}", "", "", ""] for name, why in skipped]
+    return table(["file", "holds", "date", "machine", "command"], rows)

@@ -1,0 +1,136 @@
+"""The documentation site builds with ``mkdocs build --strict`` (a broken link or anchor, an API
+object mkdocstrings cannot find, a docstring it cannot render or a results file a page cannot
+show fails it), its generated pages show every results file, its quick start runs as written,
+and the README's headline figures are the results files'."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ndp_test_helpers import markdown_blocks, run_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    pytest.importorskip("mkdocs")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's banner about MkDocs 2.0
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
+                           str(config), "-d", str(site)], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=config.parent)
+
+
+def html(site: Path, page: str) -> str:
+    return (site / page / "index.html").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    done = build(ROOT / "mkdocs.yml", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def test_the_site_builds_strict_with_every_page_of_the_nav(site):
+    import yaml
+
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
+
+    def pages(nav):
+        for item in nav:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            yield from pages(value) if isinstance(value, list) else [value]
+
+    listed = set(pages(config["nav"]))
+    on_disk = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
+    assert listed == on_disk, "a page missing from mkdocs.yml's nav, or a nav entry with no page"
+    for page in listed:
+        built = site / (page.removesuffix(".md").removesuffix("index") + "/index.html"
+                        if page != "index.md" else "index.html")
+        assert built.is_file(), page
+        text = built.read_text(encoding="utf-8")
+        assert "<!-- ndp:" not in text, f"{page}: a marker the hook left"
+        assert "TODO" not in text, page
+
+
+def test_the_api_reference_renders_the_public_api(site):
+    for page, names in {
+        "api/loader": ["ndp.Loader", "load_state_dict", "ndp.LoaderStats"],
+        "api/dataset": ["ndp.NDPDataset", "set_epoch"],
+        "api/decode": ["ndp.Decoder", "ndp.decode_padded", "ndp.decode_packed", "to_torch"],
+        "api/store": ["ndp.Corpus", "ndp.ShardWriter", "ndp.load_index"],
+        "api/convert": ["ndp.convert.convert", "ConvertOptions", "export_llmc"],
+        "api/errors": ["LoaderStateError", "ManifestError", "RemoteError"],
+    }.items():
+        text = html(site, page)
+        for name in names:
+            assert name in text, f"{page}: {name}"
+
+
+def test_the_performance_pages_show_every_results_file_with_its_command(site):
+    index = html(site, "performance")
+    for path in sorted(RESULTS.glob("*.json")):
+        assert path.name in index, f"{path.name} is not in the list of results files"
+        assert (site / "performance" / "results" / path.name).is_file()  # linked, published
+    loaders = html(site, "performance/loaders")
+    for path in sorted(RESULTS.glob("loaders-*.json")):
+        assert path.name in loaders
+    newest = json.loads((RESULTS / "loaders-20261124-195039.json").read_text())
+    assert "--rounds 5 --seconds 10" in newest["command"] and newest["command"] in loaders
+    charts = sorted((site / "performance" / "charts").glob("*.png"))
+    assert charts and all(c.stat().st_size > 1000 for c in charts)
+    assert "ndp convert" in html(site, "cli") and "--max-skipped" in html(site, "cli")
+
+
+@pytest.mark.parametrize("damage", ["a broken link", "a missing API object"])
+def test_a_broken_link_or_a_missing_api_object_fails_the_build(damage, tmp_path):
+    """What ``--strict`` is for: the test above would fail on either."""
+    for name in ("mkdocs.yml",):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(DOCS, tmp_path / "docs")
+    for name in ("ndp", "benchmarks"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    page = tmp_path / "docs" / "api" / "index.md"
+    page.write_text(page.read_text() + ("\n[gone](no-such-page.md)\n" if damage == "a broken link"
+                                        else "\n::: ndp.NoSuchThing\n"))
+    done = build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode != 0
+    assert ("no-such-page.md" if damage == "a broken link" else "ndp.NoSuchThing") in done.stderr
+
+
+@pytest.mark.slow
+def test_the_quick_start_and_the_gpu_guide_run_as_written(tmp_path, monkeypatch):
+    """docs/quickstart.md from an empty directory, then the decoder block of docs/guides/gpu.md
+    on the data it made (on the CPU here; on a GPU machine on the device)."""
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__docs__"}
+    quick = markdown_blocks((DOCS / "quickstart.md").read_text(encoding="utf-8"))
+    assert [lang for lang, _ in quick].count("python") >= 4
+    run_markdown(quick, namespace, "docs/quickstart.md")
+    gpu = markdown_blocks((DOCS / "guides" / "gpu.md").read_text(encoding="utf-8"),
+                          "## The decoder underneath")
+    run_markdown(gpu, namespace, "docs/guides/gpu.md")
+    assert float(namespace["loss"].detach()) > 0  # trained on shifted labels
+
+
+def test_the_readme_headline_is_read_from_the_results_files():
+    sys.path.insert(0, str(DOCS / "plugins"))
+    try:
+        import headline
+    finally:
+        sys.path.remove(str(DOCS / "plugins"))
+    block = headline.readme_block()
+    assert block in (ROOT / "README.md").read_text(encoding="utf-8"), (
+        "README.md's headline differs from the results files: run "
+        "python docs/plugins/headline.py --write")
+    assert "n/a" not in block
