@@ -2,7 +2,8 @@
 batch shape) began, shared out over this run's ranks.
 
 A job restarted on fewer or more nodes hands its new ranks the states its old ranks saved
-(``Loader.load_state_dict([state_0, state_1, ...])``, all of them; in ``padded`` and
+(``Loader.load_state_dict([state_0, state_1, ...])``, all of them, in any order: each is put
+in the place of the rank it records, and a rank twice or missing is refused; in ``padded`` and
 ``packing`` mode one is enough, since where every other rank stood follows from the index).
 Every old rank's share of the epoch is recomputed (``Plan.variant``: same data, order, mixing
 and CRC-Drop), and what each had not reached yet is merged, round robin, into one order of
@@ -18,6 +19,7 @@ world size, batch shape and every old rank's position), so it resumes exactly to
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,16 +45,19 @@ class Remainder:
 
 def from_states(states: list[dict], mine: dict, plan: Plan) -> Remainder:
     """The ``Remainder`` the earlier run's ``states`` leave (``mine``: this loader's own state,
-    for the settings). ``LoaderStateError`` when they are not one step of one run."""
+    for the settings), whatever the list's order (``in_rank_order``). ``LoaderStateError`` when
+    they are not one step of one run, or not every rank of it once."""
     if not states or not all(isinstance(s, dict) for s in states):
         raise LoaderStateError("an elastic resume takes the earlier run's states as a list of "
                                "dicts (Loader.state_dict() of each of its ranks)")
+    worlds = sorted({repr(s.get("world_size")) for s in states})
+    if len(worlds) > 1:
+        raise LoaderStateError(f"the states disagree on world_size ({', '.join(worlds)}): they "
+                               f"are not from one run; pass the states of one run's ranks")
     first = states[0]
     world = first.get("world_size")
-    if not isinstance(world, int) or world < 1:
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
         raise LoaderStateError(f"loader state world_size is {world!r}")
-    ranks = sorted(s.get("rank") for s in states) if all(
-        isinstance(s.get("rank"), int) for s in states) else None
     if len(states) == 1 and world > 1:
         if plan.mode == "packed":
             raise LoaderStateError(
@@ -61,10 +66,9 @@ def from_states(states: list[dict], mine: dict, plan: Plan) -> Remainder:
                 f"so resuming on {mine['world_size']} ranks needs the states of all {world}: "
                 f"pass the list (gather them with torch.distributed.all_gather_object)")
         states = _derive(first, world, mine, _base(plan, first.get("elastic")))
-    elif ranks != list(range(world)):
-        raise LoaderStateError(
-            f"an elastic resume needs the state of every rank of the earlier run, each once: "
-            f"world_size {world}, got ranks {ranks}")
+    else:
+        states = in_rank_order(states, world)
+    first = states[0]
     # the earlier run may itself have been resuming an epoch begun by another one
     base = _base(plan, first.get("elastic"))
     old = {key: first.get(key) for key in MAY_DIFFER[1:]}
@@ -87,6 +91,39 @@ def from_states(states: list[dict], mine: dict, plan: Plan) -> Remainder:
                      batch_size=old["batch_size"], seq_len=old["seq_len"],
                      positions=[(p["pos"], p["tok"]) for p in positions],
                      previous=first.get("elastic"))
+
+
+def in_rank_order(states: list[dict], world: int) -> list[dict]:
+    """``states`` ordered by the rank each records: old rank ``r``'s share is cut by ``r``, so
+    a list in another order (state files sorted by name put ``rank_10`` before ``rank_2``)
+    would pair shares with other ranks' positions, delivering packets twice and losing others.
+    ``LoaderStateError`` unless they are ranks ``0..world-1``, each once."""
+    for at, state in enumerate(states):
+        rank = state.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            raise LoaderStateError(f"loader state field 'rank' is {rank!r} in the state at "
+                                   f"position {at} of the list: it is damaged or not a "
+                                   f"Loader's (Loader.state_dict() records its rank)")
+    count = Counter(state["rank"] for state in states)
+    wrong = []
+    twice = sorted(r for r, n in count.items() if n > 1)
+    if twice:
+        wrong.append(f"{_ranks(twice)} twice (a state file read twice?)")
+    missing = sorted(set(range(world)) - set(count))
+    if missing:
+        wrong.append(f"missing {_ranks(missing)}")
+    outside = sorted(r for r in count if not 0 <= r < world)
+    if outside:
+        wrong.append(f"{_ranks(outside)} not in world_size {world}")
+    if wrong:
+        raise LoaderStateError(
+            f"an elastic resume needs the state of every rank of the earlier run, each once "
+            f"(world_size {world}: ranks 0 to {world - 1}, in any order): {'; '.join(wrong)}")
+    return sorted(states, key=lambda state: state["rank"])
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def _base(plan: Plan, record: Any) -> Plan:

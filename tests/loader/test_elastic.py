@@ -29,8 +29,8 @@ def data(tmp_path_factory):
     return d
 
 
-def make(data, mode, rank, world, batch=3, **kw) -> Loader:
-    return Loader(data, mode=mode, batch_size=batch, seq_len=8, backend="cpu",
+def make(data, mode, rank, world, batch=3, seq_len=8, **kw) -> Loader:
+    return Loader(data, mode=mode, batch_size=batch, seq_len=seq_len, backend="cpu",
                   output="arrays", seed=5, rank=rank, world_size=world, **kw)
 
 
@@ -156,3 +156,103 @@ def test_a_resume_that_shrinks_twice_within_one_epoch(data):
     everything = {t // 1000 for t in got}
     assert N - len(everything) <= cut + 4 * 2  # the first run's balance cut at most
     assert np.all(np.array(sorted(everything)) < N)
+
+
+#: rows long enough for packing mode to put several packets in one (3 to 15 tokens each), so
+#: its old ranks stop at different positions of their shares, as packed mode's do
+LONG = 16
+
+
+def saved(data, mode, world, n=2) -> tuple[list[dict], Counter]:
+    """Every rank's state of a ``world``-rank run stopped after ``n`` batches, in rank order,
+    and the tokens it delivered before."""
+    olds = [make(data, mode, r, world, seq_len=LONG) for r in range(world)]
+    before = Counter(t for ld in olds for t in run(ld, mode, n))
+    states = [json.loads(json.dumps(ld.state_dict())) for ld in olds]
+    for ld in olds:
+        ld.close()
+    return states, before
+
+
+def resumed(data, mode, states, new) -> list[list[list[int]]]:
+    """Every new rank's batches (each as its tokens) after resuming from ``states``."""
+    out = []
+    for r in range(new):
+        ld = make(data, mode, r, new, batch=2, seq_len=LONG)
+        ld.load_state_dict(states)
+        out.append([tokens(b, mode) for b in ld])
+        ld.close()
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("old,new,orders", [
+    (3, 2, [(2, 0, 1), (1, 2, 0), (2, 1, 0)]),
+    (2, 3, [(1, 0)]),
+])
+def test_the_order_of_the_states_list_does_not_matter(data, mode, old, new, orders):
+    # state files listed by name put rank_10 before rank_2: the list's order is no rank order
+    states, before = saved(data, mode, old)
+    if mode != "padded":  # else every order gives the same positions, and the test shows nothing
+        assert len({(s["pos"], s["tok"]) for s in states}) > 1
+    want = resumed(data, mode, states, new)
+    got = before + Counter(t for rank in want for batch in rank for t in batch)
+    if mode != "packed":  # every document once across the old ranks and then the new ones
+        assert all(c == 1 for c in got.values())
+    else:  # a packet an old rank was inside of is delivered again whole, no other
+        assert len({t // 1000 for t, c in got.items() if c > 1}) <= old
+    for order in orders:
+        assert resumed(data, mode, [states[k] for k in order], new) == want, order
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_states_list_with_a_rank_twice_or_a_rank_missing_is_refused(data, mode):
+    states, _ = saved(data, mode, 3)
+    new = make(data, mode, 0, 2)
+    with pytest.raises(LoaderStateError, match=r"rank 1 twice"):
+        new.load_state_dict([states[1], states[0], states[1]])
+    with pytest.raises(LoaderStateError, match=r"rank 2 twice"):
+        new.load_state_dict([states[2], states[0], states[1], states[2]])
+    with pytest.raises(LoaderStateError, match=r"missing rank 1"):
+        new.load_state_dict([states[2], states[0]])
+    with pytest.raises(LoaderStateError, match=r"missing rank 0"):
+        new.load_state_dict([states[2], states[1]])
+    # a rank the earlier run did not have
+    with pytest.raises(LoaderStateError, match=r"rank 3 .*world_size 3"):
+        new.load_state_dict([states[0], states[1], states[2],
+                             {**states[2], "rank": 3}])
+    # ... and one whose rank is no rank at all
+    bad = {k: v for k, v in states[1].items() if k != "rank"}
+    with pytest.raises(LoaderStateError, match=r"rank"):
+        new.load_state_dict([states[0], bad, states[2]])
+    new.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_states_of_different_runs_or_steps_are_refused_whatever_their_order(data, mode,
+                                                                            tmp_path):
+    (three, _), (two, _) = saved(data, mode, 3), saved(data, mode, 2)
+    new = make(data, mode, 0, 4)
+    # ranks 0 and 1 of a 2-rank run, one of them from a 3-rank run: not one run
+    with pytest.raises(LoaderStateError, match="world_size"):
+        new.load_state_dict([three[1], two[0]])
+    with pytest.raises(LoaderStateError, match="world_size"):
+        new.load_state_dict([two[1], three[0]])
+    # one rank saved at another step
+    later, _ = saved(data, mode, 2, n=3)
+    with pytest.raises(LoaderStateError, match="different steps"):
+        new.load_state_dict([later[1], two[0]])
+    # one rank from a run with another seed (its batches are another order)
+    other = [Loader(data, mode=mode, batch_size=3, seq_len=LONG, backend="cpu",
+                    output="arrays", seed=6, rank=r, world_size=2).state_dict() for r in range(2)]
+    with pytest.raises(LoaderStateError, match="seed"):
+        new.load_state_dict([other[1], two[0]])
+    # one rank from a run on another dataset
+    lengths = [3 + (k * 7) % 13 for k in range(N)]
+    write_shards(tmp_path, [s.encode() for s in ramp_specs(lengths)][:60], prefix="a")
+    elsewhere = make(tmp_path, mode, 1, 2, seq_len=LONG)
+    run(elsewhere, mode, 2)
+    with pytest.raises(LoaderStateError, match="dataset"):
+        new.load_state_dict([elsewhere.state_dict(), two[0]])
+    elsewhere.close()
+    new.close()
