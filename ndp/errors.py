@@ -180,3 +180,9 @@ def past_aliases(level: int) -> int:
         while frame is not None and frame.f_code is _WRAPPER_CODE:
             frame, found = frame.f_back, found + 1
     return found
+
+
+class ItemIndexError(NDPError, IndexError):
+    """An index outside a map-style dataset (``ndp.adapters.dataset.NDPDataset``): still an
+    ``IndexError``, so iteration stops at the end as a sequence's does; the message says when
+    the index belongs to another epoch (``set_epoch`` after a sampler was made)."""

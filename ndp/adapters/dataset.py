@@ -66,11 +66,12 @@ import numba
 import numpy as np
 
 from ndp.store.corpus import Corpus, PathLike
-from ndp.errors import ConfigError, IndexMismatchError, renamed
+from ndp.errors import ConfigError, IndexMismatchError, ItemIndexError, renamed
 from ndp.wire.format import IGNORE_INDEX, TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
 from ndp.kernels.build import in_loss, token_at, token_layout
 from ndp.kernels.crc16 import CRC16_TABLES, packet_status
 from ndp.kernels.verdict import NO_VOCAB, status_of, verdicts_cpu
+from ndp.loader.options import check_memory
 from ndp.loader.order import drop_mask
 
 
@@ -132,6 +133,10 @@ class NDPDataset:
     ) -> None:
         if seq_len < 1:
             raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
+        # an item is three int64 rows of seq_len; a batch of them is the DataLoader's
+        check_memory(f"NDPDataset(seq_len={seq_len:,}): an item (input_ids, labels, "
+                     f"attention_mask, int64)", 3 * 8 * int(seq_len),
+                     "make seq_len smaller (a row need not be longer than the longest packet)")
         if not 0.0 <= crc_drop_rate < 1.0:
             raise ConfigError(f"crc_drop_rate must be in [0, 1), got {crc_drop_rate}")
         if on_stale not in ("rebuild", "error"):
@@ -234,7 +239,7 @@ class NDPDataset:
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         n = len(self)
         if not -n <= i < n:
-            raise IndexError(f"index {i} out of range for a dataset of {n} items")
+            raise self._out_of_range(i, n)
         g = int(self.kept[i])
         corpus = self.corpus
         s = int(corpus.shard_of(np.array([g]))[0])
@@ -248,6 +253,21 @@ class NDPDataset:
             raise IndexMismatchError(f"{corpus.paths[s]}: packet {g} no longer validates "
                                      f"({DropReason(int(status)).name}); the shard changed")
         return row
+
+    def _out_of_range(self, i: int, n: int) -> ItemIndexError:
+        """The error for index ``i`` of an epoch of ``n`` items; one another epoch may hold
+        (below the valid packets' count, with CRC-Drop) was drawn for the length before the last
+        ``set_epoch``: the message says so and what to do."""
+        problem = f"index {i} out of range for the {n} items of epoch {self.epoch}"
+        valid = int(np.count_nonzero(self._valid))
+        if self.crc_drop_rate > 0 and -valid <= i < valid:
+            return ItemIndexError(
+                f"{problem}: with CRC-Drop (crc_drop_rate={self.crc_drop_rate}) the length "
+                f"changes with the epoch, and this index was drawn for another epoch's, by a "
+                f"sampler or DataLoader (persistent workers included) made before "
+                f"set_epoch({self.epoch}); make the sampler and its DataLoader after "
+                f"ds.set_epoch(epoch), each epoch (ndp.adapters.dataset, \"Ranks\")")
+        return ItemIndexError(problem)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

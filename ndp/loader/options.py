@@ -5,10 +5,12 @@ value given and what it may be (``ndp.errors.ConfigError``); and whether a remot
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any
 
 import numpy as np
 
+from ndp.engine.cpu import OUTPUTS, grow
 from ndp.errors import CacheFullError, ConfigError
 from ndp.loader.order import shards_at_once
 
@@ -33,6 +35,8 @@ def check_options(*, mode: str, batch_size: int, seq_len: int, prefetch: int, se
             raise ConfigError(f"{name} must be an integer, got {value!r}")
         if least is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
+    check_batch_memory(mode=mode, batch_size=batch_size, seq_len=seq_len, prefetch=prefetch,
+                       chunk_batches=chunk_batches)
     if output not in ("torch", "arrays"):
         raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
     if output == "torch":
@@ -61,3 +65,42 @@ def check_cache_limit(corpus: Any, *, shuffle: bool, window: int | None) -> None
                 f"{'two shuffle windows' if shuffle else 'two shards'} of the largest shard's "
                 f"size); raise cache_limit (several ranks sharing the cache need more), or make "
                 f"shuffle_window smaller")
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(what: str, need: int, fix: str) -> None:
+    """``ConfigError`` if ``need`` bytes (what ``what`` allocates at least) exceed this machine's
+    memory: such an option would be a ``MemoryError`` at the first batch, or an epoch of no
+    batch, rather than a batch."""
+    have = memory_bytes()
+    if have is not None and need > have:
+        raise ConfigError(f"{what} needs at least {need:,} bytes, more than this machine's "
+                          f"{have:,} bytes of memory; {fix}")
+
+
+def check_batch_memory(*, mode: str, batch_size: int, seq_len: int, prefetch: int,
+                       chunk_batches: int | None) -> None:
+    """``ConfigError`` if the least the Loader's ring of output buffers allocates does not fit
+    in this machine's memory (``check_memory``). The ring (``ndp.loader.loader``) holds
+    ``max(1, prefetch) + 3`` chunks of ``chunk_batches`` batches (at least one) of
+    ``batch_size x seq_len`` int64s per output, and one output of a chunk is allocated for
+    ``grow(rows)`` rows (64 at least, ``ndp.engine.cpu``): either is more than any machine
+    holds long before ``seq_len`` reaches 2**40. A ``seq_len`` longer than every packet, or
+    than an epoch's tokens, is allowed below that (rows padded, or no batch)."""
+    outputs = [name for name, _ in OUTPUTS[mode] if name != "cu_seqlens"]  # int64 (rows, cols)
+    rows = (chunk_batches or 1) * batch_size
+    row_bytes = 8 * seq_len
+    need = max((max(1, prefetch) + 3) * rows * row_bytes * len(outputs),
+               grow(rows) * row_bytes)
+    check_memory(
+        f"Loader(mode={mode!r}, batch_size={batch_size:,}, seq_len={seq_len:,}): its ring of "
+        f"int64 outputs ({', '.join(outputs)})", need,
+        "make seq_len smaller (a row need not be longer than the longest packet, padded), or "
+        "batch_size, prefetch or chunk_batches")

@@ -33,7 +33,7 @@ from typing import IO
 from filelock import FileLock, Timeout
 
 from ndp.store.atomic import TMP_SUFFIX, AtomicFile, atomic_write
-from ndp.errors import CacheFullError
+from ndp.errors import CacheFullError, ConfigError
 from ndp.wire.format import SHARD_SUFFIX
 from ndp.store.manifest import pid_alive
 
@@ -75,13 +75,38 @@ class ShardCache:
         if limit is not None and limit < 1:
             raise CacheFullError(f"cache_limit must be a positive number of bytes, got {limit}")
         self.dir = Path(directory)
-        (self.dir / PINS).mkdir(parents=True, exist_ok=True)
+        ShardCache._serial += 1
+        self._check_writable()
         self.limit, self.wait = limit, wait
         self.stats = CacheStats()
-        ShardCache._serial += 1
         self._pin_file = self.dir / PINS / f"{os.getpid()}-{ShardCache._serial}"
         self._pins: frozenset[str] = frozenset()
         self._mutex = threading.Lock()
+
+    def _check_writable(self) -> None:
+        """Make the directory and write (then remove) an empty file in it, so that a cache
+        that cannot hold a shard is a ``ConfigError`` when the dataset is opened, not an
+        ``OSError`` at the first download. The probe's name starts with a dot and no pid: no
+        listing of pins or shards counts it."""
+        probe = self.dir / f".probe-{os.getpid()}-{ShardCache._serial}"
+        try:
+            try:
+                (self.dir / PINS).mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                file = next((p for p in (self.dir / PINS, self.dir, *self.dir.parents)
+                             if p.is_file()), self.dir)
+                raise ConfigError(
+                    f"{self.dir}: the shard cache cannot be made there: {file} is a file, not "
+                    f"a directory; remove it, or point `cache_dir` (NDP_CACHE_DIR) at a "
+                    f"directory") from None
+            # not O_EXCL: a probe left by a killed process of the same pid is written over
+            os.close(os.open(probe, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o600))
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(
+                f"{self.dir}: the shard cache cannot write there ({exc.strerror}); make it "
+                f"writable by this user, or point `cache_dir` (NDP_CACHE_DIR) at a directory "
+                f"it can write") from None
 
     def path(self, name: str) -> Path:
         return self.dir / name

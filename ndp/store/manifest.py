@@ -47,7 +47,7 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
     read or does not list shards."""
     path = Path(directory) / MANIFEST
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes()  # decoded by parse_manifest, which names a bad byte
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -58,7 +58,16 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
 def parse_manifest(text: str | bytes, where: str | os.PathLike,
                    directory: str | os.PathLike) -> dict[str, Any]:
     """The manifest in ``text`` (read from ``where``, of the dataset ``directory``);
-    ``ManifestError`` if it is not valid JSON or does not list shards."""
+    ``ManifestError`` if it is not UTF-8 text, not valid JSON or does not list shards."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestError(
+                f"{where}: not UTF-8 text (ndp writes it so): byte 0x{text[exc.start]:02x} at "
+                f"offset {exc.start} ({exc.reason}); the manifest is damaged or was edited "
+                f"in another encoding: re-run the conversion, or 'ndp index --write-manifest "
+                f"{directory}' after 'ndp verify --no-manifest' passes") from None
     try:
         manifest = json.loads(text)
     except ValueError as exc:

@@ -8,6 +8,7 @@ RAMP data: packet k holds tokens k*1000 + arange(n), so a row's first token name
 from __future__ import annotations
 
 import pickle
+import re
 import subprocess
 import sys
 import warnings
@@ -18,7 +19,7 @@ import pytest
 from ndp.store.corpus import Corpus
 from ndp.adapters.dataset import NDPDataset, QubGPUDataset
 from ndp.engine.reference import decode_padded
-from ndp.errors import ConfigError, IndexMismatchError, ShardFormatError
+from ndp.errors import ConfigError, IndexMismatchError, NDPError, ShardFormatError
 from ndp.wire.format import Typ
 from ndp.wire.packet import encode_packet, encode_tokens
 
@@ -404,3 +405,43 @@ def test_a_file_that_is_not_a_shard_is_refused(tmp_path):
 def test_module_does_not_import_torch():
     code = "import sys, ndp.adapters.dataset; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_an_index_of_an_earlier_epochs_length_names_set_epoch_as_the_fix(drop_dir):
+    """A sampler made before ``set_epoch`` (a persistent worker's) asks for an index that the
+    new epoch, shorter with CRC-Drop, does not have: a named error that is still an IndexError
+    (so iterating ``ds`` itself still stops), saying to make the sampler after set_epoch."""
+    ds = NDPDataset(drop_dir, seq_len=4, crc_drop_rate=0.25, seed=3)
+    lengths = {}
+    for epoch in range(8):
+        ds.set_epoch(epoch)
+        lengths[epoch] = len(ds)
+    longer = max(lengths, key=lengths.get)
+    shorter = min(lengths, key=lengths.get)
+    assert lengths[longer] > lengths[shorter]
+    ds.set_epoch(longer)
+    i = lengths[shorter]  # valid in the longer epoch, not in the shorter
+    ds[i]
+    ds.set_epoch(shorter)
+    with pytest.raises(IndexError) as got:
+        ds[i]
+    assert isinstance(got.value, NDPError)
+    assert re.search(rf"index {i} .* {lengths[shorter]} items of epoch {shorter}.*CRC-Drop.*"
+                     rf"set_epoch", str(got.value))
+    with pytest.raises(IndexError, match=r"index 99999 .* items of epoch") as got:
+        ds[99_999]  # past every epoch's length: out of range, nothing of CRC-Drop
+    assert "set_epoch" not in str(got.value)
+    assert sum(1 for _ in NDPDataset(drop_dir, seq_len=4)) == N_DROP - N_DROP // 100
+
+
+def test_a_row_no_memory_holds_is_refused_at_construction(ramp_dir, monkeypatch):
+    import ndp.loader.options as options
+
+    ramp_dir, _ = ramp_dir
+    with pytest.raises(ConfigError, match=r"seq_len=4,611,686,018,427,387,904\).* needs at least "
+                                          r"[\d,]+ bytes"):
+        NDPDataset(ramp_dir, seq_len=2**62)
+    monkeypatch.setattr(options, "memory_bytes", lambda: 10**4)
+    with pytest.raises(ConfigError, match=r"needs at least 24,000 bytes.* 10,000 bytes"):
+        NDPDataset(ramp_dir, seq_len=1000)
+    assert len(NDPDataset(ramp_dir, seq_len=400)) == len(LENGTHS)  # 9,600 bytes: room

@@ -610,3 +610,32 @@ def test_a_running_producer_is_stopped_at_interpreter_exit(corpus_dir):
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "ALIVE []" in result.stdout
+
+
+@pytest.mark.parametrize("mode, batch_size, seq_len", [("padded", 64, 10**9),
+                                                       ("packed", 1, 2**62),
+                                                       ("packing", 8, 2**40)])
+def test_a_batch_no_memory_holds_is_refused_at_construction_naming_its_bytes(
+        corpus_dir, mode, batch_size, seq_len):
+    """Refused before anything is read, not a MemoryError at the first next() (seq_len=10**9),
+    nor an epoch of no batch (packed, seq_len=2**62)."""
+    with pytest.raises(ConfigError, match=r"seq_len=.*needs at least [\d,]+ bytes.* memory"):
+        Loader(corpus_dir, mode=mode, batch_size=batch_size, seq_len=seq_len, backend="cpu",
+               output="arrays")
+
+
+def test_the_memory_bound_is_the_machines_and_a_seq_len_past_every_packet_is_allowed(
+        corpus_dir, monkeypatch):
+    import ndp.loader.options as options
+
+    big = Loader(corpus_dir, mode="padded", batch_size=2, seq_len=2**12, backend="cpu",
+                 output="arrays", prefetch=0)  # longer than every packet: padding, allowed
+    assert next(iter(big))["input_ids"].shape == (2, 2**12)
+    big.close()
+    monkeypatch.setattr(options, "memory_bytes", lambda: 10**6)
+    with pytest.raises(ConfigError, match=r"more than this machine's 1,000,000 bytes"):
+        Loader(corpus_dir, mode="padded", batch_size=2, seq_len=2**12, backend="cpu",
+               output="arrays")
+    monkeypatch.setattr(options, "memory_bytes", lambda: None)  # unknown: no bound
+    Loader(corpus_dir, mode="padded", batch_size=2, seq_len=2**12, backend="cpu",
+           output="arrays").close()

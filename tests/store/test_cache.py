@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ndp.store.cache import PINS, ShardCache
-from ndp.errors import CacheFullError
+from ndp.errors import CacheFullError, ConfigError
 
 
 def writer(data: bytes):
@@ -93,3 +93,30 @@ def test_a_temporary_file_left_by_a_killed_download_holds_no_room(tmp_path):
     (tmp_path / "a.ndp.tmp").write_bytes(b"x" * 8)  # a download killed half way
     cache.get("b.ndp", 5, writer(b"y" * 5))
     assert not (tmp_path / "a.ndp.tmp").exists() and (tmp_path / "b.ndp").exists()
+
+
+def test_a_cache_dir_that_is_a_regular_file_is_a_config_error_naming_it(tmp_path):
+    """Checked for real: the cache is made under a file, as a path to a cache_dir would be."""
+    taken = tmp_path / "cache"
+    taken.write_bytes(b"not a directory")
+    for where in (taken, taken / "key"):
+        with pytest.raises(ConfigError, match=rf"{taken}.* not a directory.*`cache_dir`"):
+            ShardCache(where)
+    assert taken.read_bytes() == b"not a directory"
+
+
+def test_an_unwritable_cache_dir_is_a_config_error_naming_it(tmp_path, monkeypatch):
+    """Monkeypatched: as root, permissions do not stop a write, so the refusal is made up at the
+    one place ShardCache writes when it is made (its probe file)."""
+    real_open = os.open
+
+    def refuse(path, flags, *args, **kw):
+        if str(path).startswith(str(tmp_path)) and flags & os.O_CREAT:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args, **kw)
+
+    (tmp_path / "key" / PINS).mkdir(parents=True)  # there already, as from another user's run
+    monkeypatch.setattr(os, "open", refuse)
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'key'}: .*cannot write.*Permission "
+                                          rf"denied.*`cache_dir`"):
+        ShardCache(tmp_path / "key")
