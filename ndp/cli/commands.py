@@ -24,8 +24,10 @@ def _remote(url: str, args: argparse.Namespace):
 def _shard_paths(paths: list[str], args: argparse.Namespace | None = None) -> list[Path]:
     """Shards named directly, every shard inside a directory, or every shard of a dataset URL
     (downloaded into the cache, checked against its manifest); ``ConfigError`` for a path
-    that does not exist or a directory without shards."""
+    that does not exist or a directory without shards, ``ShardFormatError`` for one that is not
+    a regular file (a FIFO named ``*.ndp`` would block the first open, so it is stat'ed)."""
     from ndp.errors import ConfigError
+    from ndp.store.files import regular_file
     from ndp.store.remote import is_url
 
     out: list[Path] = []
@@ -43,6 +45,8 @@ def _shard_paths(paths: list[str], args: argparse.Namespace | None = None) -> li
             out.append(p)
         else:
             raise ConfigError(f"{p}: no such shard or directory")
+    for p in out:
+        regular_file(p)
     return out
 
 

@@ -8,6 +8,8 @@ buffers ndp owns (the host staging buffer, the GPU's pinned bounce buffers):
 
 * a read that comes back short (the file was cut) raises ``ShardChangedError`` naming the file,
   the bytes asked for and its size now;
+* what is not a regular file (a FIFO, a directory, a device named ``*.ndp``) is refused before
+  it is opened (``regular_file``): opening a FIFO for reading waits for a writer, forever;
 * a file is opened when it is read, and at most ``max_open()`` files are open at once in a
   process (the least recently used is closed first, never one a read is using); a file reopened
   must be the same file (device, inode, size and modification time as when first opened), else
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import os
 import resource
+import stat
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -29,7 +32,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from ndp.errors import ShardChangedError
+from ndp.errors import ShardChangedError, ShardFormatError
 
 #: libc's pread(2), called by name from compiled code (so the compiled loop can be cached on
 #: disk, which a ctypes function pointer prevents); the buffer is passed as its address
@@ -90,7 +93,9 @@ class _Files:
             if entry is None:
                 self._evict(max_open() - 1)
                 try:
-                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    # O_NONBLOCK: a FIFO put in the shard's place opens at once (and fails the
+                    # identity check) instead of waiting for a writer; regular files ignore it
+                    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
                 except FileNotFoundError:
                     raise ShardChangedError(f"{path}: the shard is gone (deleted or moved "
                                             f"since ndp opened it)") from None
@@ -171,5 +176,23 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
 
 def identity_of(path: Path) -> tuple[int, int, int, int]:
     """(device, inode, size, modification time) of ``path``: what a reopened file must still
-    be."""
-    return _identity(os.stat(path))
+    be. ``ShardFormatError`` if it is not a regular file (``regular_file``)."""
+    return _identity(regular_file(path))
+
+
+#: what a path that is not a regular file is, by its ``st_mode``
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def regular_file(path: str | os.PathLike) -> os.stat_result:
+    """``os.stat(path)`` (links followed), or ``ShardFormatError`` naming ``path`` and what it
+    is if it is not a regular file. Stats without opening: an ``open(2)`` of a FIFO blocks."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        what = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
+        raise ShardFormatError(
+            f"{path}: {what}, not a regular file: a shard is a file that 'ndp convert' wrote. "
+            f"Move it out of the dataset, or name the shards to read")
+    return st

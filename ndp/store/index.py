@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ndp.store.atomic import atomic_file
-from ndp.errors import IndexMismatchError, UnsupportedVersionError
+from ndp.errors import IndexMismatchError, NDPError, UnsupportedVersionError
 from ndp.wire.format import (
     FRAME_BYTES,
     HEADER_BYTES,
@@ -205,6 +205,11 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
       and no packet overlapping the next (a repeated offset would deliver a packet twice);
     * the gaps between entries hold no packet a scan would find (they are the corrupt regions
       a scan records; an index listing a subset of the packets, or none, leaves packets there);
+    * an entry a gap follows has its own header's LEN (and SRC, DST, TYP), even without
+      ``headers``: a LEN cut short (all of them zeroed) turns the packet's payload into a gap
+      with no packet in it, and claims fewer tokens than the shard holds (none at all). A sound
+      index has a gap only where the shard is damaged, so this reads 6 bytes a gap, beside the
+      gap's own bytes read above;
     * with ``headers``, every entry's LEN, SRC, DST and TYP are the packet's own header bytes
       (a flipped length would misplace packed windows). This reads 6 bytes of every packet:
       linear in the index, but one page of the shard per packet, so on a cold page cache it
@@ -235,6 +240,9 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
             check_headers(index.entries, np.arange(n), shard, where=where)
         gap_starts = np.concatenate([[start], ends.astype(np.int64)])
         gap_ends = np.concatenate([at, [size]])
+        if not headers:
+            check_headers(index.entries, np.flatnonzero(gap_ends[1:] > gap_starts[1:]), shard,
+                          where=where)
     else:
         gap_starts, gap_ends = np.array([start]), np.array([size])
     for a, b in zip(gap_starts[gap_ends > gap_starts].tolist(),
@@ -289,8 +297,9 @@ def _first_packet(data: np.ndarray, pos: int) -> int:
 def load_index(shard: Shard, *, on_stale: str = "rebuild", verify: str = "full") -> Index:
     """The index of ``shard``: its sidecar if present and matching, else a fresh framing scan.
 
-    ``on_stale="rebuild"`` (default) scans the shard when the sidecar is missing or does not
-    match (a warning says so; nothing is written); ``"error"`` raises ``IndexMismatchError``.
+    ``on_stale="rebuild"`` (default) scans the shard when the sidecar is missing, unreadable
+    (``OSError``: no permission, a directory in its place) or does not match (a warning says
+    so; nothing is written); ``"error"`` raises ``IndexMismatchError``.
     """
     return load_index_and_scan(shard, on_stale=on_stale, verify=verify)[0]
 
@@ -312,6 +321,16 @@ def load_index_and_scan(shard: Shard, *, on_stale: str = "rebuild",
                 f"{path}: missing. Build it with 'ndp index {shard.path}'."
             ) from None
         problem = f"{path} is missing"
+    except OSError as err:  # no permission, a directory in its place: as good as missing
+        if isinstance(err, NDPError):  # the shard cut or unfetchable while checked: not this
+            raise
+        why = err.strerror or type(err).__name__
+        if on_stale == "error":
+            raise IndexMismatchError(
+                f"{path}: unreadable ({why}). Make it readable, or rebuild it with "
+                f"'ndp index {shard.path}'."
+            ) from None
+        problem = f"{path} is unreadable ({why})"
     except (IndexMismatchError, UnsupportedVersionError) as err:
         if on_stale == "error":
             raise

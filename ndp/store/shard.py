@@ -95,7 +95,9 @@ class Shard:
     memory-mapped whole as a uint8 array (``.data``, mapped on first use, released by
     ``close``) by the tools that scan a whole shard.
 
-    Opening reads only the header and holds no file open. Reads go through ``ndp.store.files``: at
+    Opening reads only the header and holds no file open; what is not a regular file (a FIFO
+    named ``*.ndp``, whose open would wait for a writer) is a ``ShardFormatError`` before any
+    open (``ndp.store.files.regular_file``). Reads go through ``ndp.store.files``: at
     most a bounded number of files open in the process, and ``ShardChangedError`` (naming the
     file) if it was cut or replaced after it was opened.
     """

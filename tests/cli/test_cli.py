@@ -285,3 +285,20 @@ def test_convert_skips_and_counts_a_cut_line_and_an_absurdly_nested_one(converte
     assert "Traceback" not in captured.err
     assert f"{bad}:4: bad JSON" in caplog.text and f"{bad}:5: JSON nested" in caplog.text
     assert "30 examples" in captured.out or "examples 30" in captured.out
+
+
+def test_a_fifo_named_like_a_shard_is_refused_not_waited_on(converted, tmp_path):
+    """Opening a FIFO for reading blocks until a writer comes: each command must refuse it
+    (exit 2, naming it) before it opens anything. Run in a subprocess with a timeout, so a
+    regression fails here instead of hanging the suite."""
+    import os
+
+    out = copy_out(converted, tmp_path)
+    fifo = out / "zz-fifo.ndp"
+    os.mkfifo(fifo)
+    for argv in (["verify", str(out)], ["inspect", str(out)], ["index", str(out)],
+                 ["verify", str(fifo)]):
+        result = subprocess.run([sys.executable, "-m", "ndp.cli", *argv], capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 2, (argv, result.stdout, result.stderr)
+        assert str(fifo) in result.stderr and "a FIFO, not a regular file" in result.stderr

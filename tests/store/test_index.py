@@ -626,8 +626,10 @@ LIES = ["length_bit", "repeated_offset", "subset", "empty", "offset_off_by_one",
 
 
 #: lies only the packets' own header bytes show: with verify="size" they are checked when the
-#: packets are read (Corpus.check_headers), not when the index is loaded
-HEADER_LIES = {"length_bit", "typ"}
+#: packets are read (Corpus.check_headers), not when the index is loaded. A LEN cut short
+#: ("length_bit" clears a bit) is not among them: it leaves a gap after its entry, and an entry
+#: a gap follows has its header checked at load
+HEADER_LIES = {"typ"}
 
 
 @pytest.mark.parametrize("verify", ["size", "full"])
@@ -685,3 +687,90 @@ def test_a_stale_index_beside_a_rewritten_shard_of_the_same_size_is_refused(tmp_
     corpus = Corpus(tmp_path, on_stale="error", verify="size")  # no read of the packets
     with pytest.raises(IndexMismatchError, match="disagrees with the packet header"):
         corpus.check_headers(np.arange(corpus.n_packets))
+
+
+# --- an index that accounts for none of the shard's bytes -------------------------------------
+def _zero_lengths(path, which=slice(None)) -> None:
+    index = read_index(Shard(path).index_path)
+    e = index.entries.copy()
+    e["length"][which] = 0
+    write_index(Shard(path).index_path, e, index.shard_size, index.shard_crc32,
+                index.data_offset)
+
+
+@pytest.mark.parametrize("which", [slice(None), slice(1, 2)], ids=["all", "one"])
+@pytest.mark.parametrize("verify", ["size", "full"])
+def test_an_index_whose_lengths_are_zeroed_is_stale(indexed, verify, which):
+    """All LEN fields zero: every packet's payload is a gap the index does not explain, and the
+    packed epoch of such an index held no token at all, silently."""
+    path, stream = indexed
+    sound = read_index(Shard(path).index_path).entries.tobytes()
+    _zero_lengths(path, which)
+    with pytest.raises(IndexMismatchError, match=f"ndp index {path}"):
+        load_index(Shard(path), on_stale="error", verify=verify)
+    with pytest.warns(UserWarning, match="scanning the shard"):
+        rebuilt = load_index(Shard(path), verify=verify)
+    assert rebuilt.entries.tobytes() == sound
+
+
+def test_a_corpus_with_a_zeroed_index_rescans_and_counts_its_tokens(indexed):
+    from ndp.store.corpus import Corpus
+
+    path, stream = indexed
+    want = int(Corpus(path.parent, on_stale="error").tokens.sum())
+    assert want > 0
+    _zero_lengths(path)
+    with pytest.raises(IndexMismatchError):
+        Corpus(path.parent, on_stale="error")
+    with pytest.warns(UserWarning, match="scanning the shard"):
+        corpus = Corpus(path.parent)
+    assert int(corpus.tokens.sum()) == want
+
+
+# --- an index that cannot be read is rescanned, as a missing one is ------------------------------
+@pytest.mark.parametrize("how", ["directory", "permission"])
+def test_an_unreadable_index_is_rescanned_with_a_warning(indexed, how, monkeypatch):
+    """As root, chmod 000 does not stop a read: a directory named like the index (its read
+    fails with IsADirectoryError) and a read_bytes that raises PermissionError stand in."""
+    from pathlib import Path
+
+    from ndp.store.corpus import Corpus
+
+    path, stream = indexed
+    shard = Shard(path)
+    sound = read_index(shard.index_path).entries.tobytes()
+    if how == "directory":
+        shard.index_path.unlink()
+        shard.index_path.mkdir()
+    else:
+        read_bytes = Path.read_bytes
+
+        def refuse(self):
+            if self.suffix == ".idx":
+                raise PermissionError(13, "Permission denied", str(self))
+            return read_bytes(self)
+
+        monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.raises(IndexMismatchError, match=f"{shard.index_path}.*unreadable"):
+        load_index(shard, on_stale="error")
+    with pytest.warns(UserWarning, match="unreadable.*scanning the shard"):
+        assert load_index(shard).entries.tobytes() == sound
+    with pytest.warns(UserWarning, match="unreadable.*scanning the shard"):
+        assert len(Corpus(path.parent)) == len(stream.offsets)
+
+
+def test_a_shard_changed_while_its_index_is_checked_is_not_called_an_unreadable_index(
+        indexed, monkeypatch):
+    """ShardChangedError is an OSError: it must reach the caller, not become a rescan."""
+    from ndp.errors import ShardChangedError
+
+    path, _ = indexed
+
+    def cut(self):
+        raise ShardChangedError(f"{self.path}: cut")
+
+    monkeypatch.setattr(Shard, "crc32", cut)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "unreadable ...; scanning the shard instead"
+        with pytest.raises(ShardChangedError, match="cut"):
+            load_index(Shard(path), verify="full")

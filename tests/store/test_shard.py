@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import binascii
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -381,3 +383,43 @@ def test_writer_refuses_a_packet_whose_length_disagrees_with_its_len(tmp_path):
             writer.write(packet[:-1])
         writer.write(packet)
     assert len(read_index(str(writer.finished[0].path) + ".idx")) == 1
+
+
+# --- what is not a regular file is refused before it is opened ---------------------------------
+def _run_with_timeout(code: str, cwd) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter, killed after 120 s: opening a FIFO for reading blocks
+    until a writer comes, so a regression must fail this test, never hang the suite."""
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_fifo_named_like_a_shard_is_refused_without_opening_it(tmp_path):
+    import os
+
+    write_shards(tmp_path, [s.encode() for s in ramp_specs([3, 4])])
+    fifo = tmp_path / "zz.ndp"
+    os.mkfifo(fifo)
+    code = (
+        "import sys\n"
+        "from ndp.errors import ShardFormatError\n"
+        "from ndp.store.shard import Shard\n"
+        "from ndp.store.corpus import Corpus\n"
+        f"for make in (lambda: Shard({str(fifo)!r}),\n"
+        f"             lambda: Corpus({str(tmp_path)!r}, manifest='ignore')):\n"
+        "    try:\n"
+        "        make()\n"
+        "    except ShardFormatError as exc:\n"
+        "        print('REFUSED', exc)\n"
+    )
+    result = _run_with_timeout(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("REFUSED")]
+    assert len(lines) == 2, result.stdout
+    for line in lines:
+        assert str(fifo) in line and "a FIFO, not a regular file" in line
+
+
+def test_a_directory_named_like_a_shard_is_refused(tmp_path):
+    (tmp_path / "d.ndp").mkdir()
+    with pytest.raises(ShardFormatError, match="a directory, not a regular file"):
+        Shard(tmp_path / "d.ndp")
