@@ -500,13 +500,9 @@ def test_mixing_skips_a_source_with_nothing_in_this_share():
     assert merged.tolist() == [0, 1, 2, 3, 4] and unused.tolist() == [0, 0]
 
 
-@pytest.mark.parametrize("mode", ["padded", "packed", "packing"])
-def test_a_lying_index_changes_no_batch(tmp_path, mode):
-    """One length bit flipped in an index (its size and crc32 still match; it once made packed
-    mode deliver 16 tokens twice and 8 never). With verify="full", and with verify="size" too
-    (a LEN cut short leaves a gap after its entry, whose header is read when the index is
-    checked), it is rebuilt with a warning and every batch is the one the intact dataset
-    gives."""
+def _intact_and_lying(tmp_path, lie) -> tuple:
+    """A three-shard ramp dataset, and a copy whose second index has ``lie(entries)`` applied
+    to its entries (its size and crc32 still match)."""
     import shutil
 
     from ndp.store.index import read_index, write_index
@@ -521,8 +517,23 @@ def test_a_lying_index_changes_no_batch(tmp_path, mode):
     idx = sorted(lying.glob("*.idx"))[1]
     index = read_index(idx)
     entries = index.entries.copy()
-    entries["length"][4] ^= 0x0004
+    lie(entries)
     write_index(idx, entries, index.shard_size, index.shard_crc32, index.data_offset)
+    return intact, lying
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed", "packing"])
+def test_a_lying_index_changes_no_batch(tmp_path, mode):
+    """One length bit flipped in an index (its size and crc32 still match; it once made packed
+    mode deliver 16 tokens twice and 8 never). With verify="full", and with verify="size" too
+    (a LEN cut short leaves a gap after its entry, whose header is read when the index is
+    checked), it is rebuilt with a warning and every batch is the one the intact dataset
+    gives."""
+
+    def flip_length_bit(entries):
+        entries["length"][4] ^= 0x0004
+
+    intact, lying = _intact_and_lying(tmp_path, flip_length_bit)
     kw = dict(mode=mode, seed=3, batch_size=3, seq_len=7)
     want = _run(make(intact, **kw), 25)
     for verify in ("full", "size"):
@@ -537,25 +548,14 @@ def test_an_index_whose_typ_lies_stops_the_loader_at_that_packet(tmp_path, mode)
     start) finds it only when the packets are read: the loader stops with an
     IndexMismatchError when it reaches the packet, after batches that all equal the intact
     dataset's; verify="full" rebuilds it at start with a warning."""
-    import shutil
-
     from ndp.errors import IndexMismatchError
-    from ndp.store.index import read_index, write_index
     from ndp.wire.format import Typ
 
-    specs = ramp_specs(LENGTHS, masked=[k % 5 == 2 for k in range(41)])
-    packets = [s.encode() for s in specs]
-    intact = tmp_path / "intact"
-    for i, part in enumerate((packets[:12], packets[12:29], packets[29:])):
-        write_shards(intact, part, prefix=f"p{i}")
-    lying = tmp_path / "lying"
-    shutil.copytree(intact, lying)
-    idx = sorted(lying.glob("*.idx"))[1]
-    index = read_index(idx)
-    entries = index.entries.copy()
-    entries["typ"][4] = int(Typ.FLOAT16) if entries["typ"][4] != Typ.FLOAT16 else int(
-        Typ.TOKEN_IDS)
-    write_index(idx, entries, index.shard_size, index.shard_crc32, index.data_offset)
+    def change_typ(entries):
+        entries["typ"][4] = int(Typ.FLOAT16) if entries["typ"][4] != Typ.FLOAT16 else int(
+            Typ.TOKEN_IDS)
+
+    intact, lying = _intact_and_lying(tmp_path, change_typ)
     kw = dict(mode=mode, seed=3, batch_size=3, seq_len=7)
     want = _run(make(intact, **kw), 25)
     with pytest.warns(UserWarning, match="disagrees with the packet header"):
