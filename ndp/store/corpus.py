@@ -17,15 +17,10 @@ from typing import Any
 import numpy as np
 
 from ndp.errors import ConfigError, DataError, ShardFormatError, past_aliases
-from ndp.wire.format import (
-    FRAME_BYTES,
-    MASK_COUNT_BYTES,
-    SHARD_SUFFIX,
-    SYNC,
-    TYP_MASKED_TABLE,
-    TYP_WIDTH_TABLE,
-)
-from ndp.store.index import Corruption, Index, check_headers, load_index_and_scan
+from ndp.wire.format import SHARD_SUFFIX, SYNC
+from ndp.store.index import Corruption, Index, ScanResult, check_headers
+from ndp.store.columns import Column
+from ndp.store.lazy import EntryCache, LazyIndex, open_index
 from ndp.store.manifest import ManifestError, entries_by_name, listed_shards
 from ndp.store.remote import RemoteDataset, RemoteShard, is_url
 from ndp.store.shard import Shard
@@ -85,7 +80,7 @@ def listed(paths: PathLike | Sequence[PathLike], *, manifest: str = "check",
 _PREVIEW = 16
 
 
-def no_data(shard: Shard, index: Index) -> tuple[str, str] | None:
+def no_data(shard: Shard, index: Index | LazyIndex) -> tuple[str, str] | None:
     """Why ``shard`` holds nothing a reader can use, and what to do; None if it holds packets
     (damaged ones too: they are dropped and counted as they are decoded) or is a shard header
     alone (empty, not damaged).
@@ -97,7 +92,8 @@ def no_data(shard: Shard, index: Index) -> tuple[str, str] | None:
     nothing for a file that starts with a header or a packet (every shard a converter writes)."""
     head = shard.header
     has_magic = head.version is not None or head.problem is not None
-    first = int(index.entries["offset"][0]) if len(index) else -1
+    first = index.first_offset if isinstance(index, LazyIndex) else (
+        int(index.entries["offset"][0]) if len(index) else -1)
     if not has_magic and first != 0:
         begins = bytes(shard.read(0, min(_PREVIEW, shard.size))) if shard.size else b""
         if not begins or begins[0] != SYNC:  # else a headerless stream, damaged at its start
@@ -115,23 +111,13 @@ def no_data(shard: Shard, index: Index) -> tuple[str, str] | None:
     return None
 
 
-def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
-    """Token count of each packet with payload ``length`` and TYP ``typ``, as a valid packet of
-    that layout holds (0 for TYPs that carry no tokens)."""
-    length = length.astype(np.int64)
-    width = TYP_WIDTH_TABLE[typ].astype(np.int64)
-    masked = TYP_MASKED_TABLE[typ] != 0
-    plain = np.where(width > 0, length // np.maximum(width, 1), 0)
-    # masked: LEN = 2 + N*w + ceil(N/8); N is the floor below or the one after it
-    body = np.maximum(length - MASK_COUNT_BYTES, 0)
-    n0 = (8 * body) // np.maximum(8 * width + 1, 1)
-    fits = MASK_COUNT_BYTES + (n0 + 1) * width + (n0 + 8) // 8 <= length
-    n_masked = n0 + fits
-    return np.where(masked, n_masked, plain)
-
-
 class Corpus:
-    """Shards opened (read with pread, ``ndp.store.files``) with their verified indexes.
+    """Shards opened (read with pread, ``ndp.store.files``) with their indexes.
+
+    Opening costs O(shards), whatever the number of packets: each index's header is read and
+    checked against its shard, and its entries are read and checked when used, a bounded number at once
+    (``ndp.store.lazy``); per-packet fields are read from them when asked
+    (``corpus.tokens[packets]``: ``ndp.store.columns``). Packet counts come from the headers.
 
     ``paths``: a shard, a directory of shards, a list of them, or a dict naming groups of them
     (``{"code": "data/code/", "chat": ["a.ndp", "b.ndp"]}``) for mixing by group.
@@ -185,15 +171,23 @@ class Corpus:
                     f"{entry['bytes']:,}: the shard was cut, extended or replaced after the "
                     f"dataset was written (or is still being copied). Restore it or re-run the "
                     f"conversion")
-        self.indexes = []
+        #: each shard's index: by its header alone until first used (``ndp.store.lazy``)
+        self.indexes: list[Index | LazyIndex] = []
+        #: the index entries held (``ndp.store.lazy.EntryCache``: bounded in bytes)
+        self.entry_cache = EntryCache()
         #: (shard path, region) for every corrupt region a framing scan found while rebuilding a
-        #: stale or missing index: damage the index no longer lists as packets
+        #: stale or missing index: damage the index no longer lists as packets (an index found
+        #: wrong when first used adds its shard's then)
         self.corruption: list[tuple[Path, Corruption]] = []
         for shard in self.shards:
-            index, scan = load_index_and_scan(shard, on_stale=on_stale, verify=verify)
+            def found(scan: ScanResult, path: Path = shard.path) -> None:
+                self.corruption.extend((path, c) for c in scan.corrupt)
+
+            index, scan = open_index(shard, on_stale=on_stale, verify=verify, found=found,
+                                      cache=self.entry_cache)
             self.indexes.append(index)
             if scan is not None:
-                self.corruption.extend((shard.path, c) for c in scan.corrupt)
+                found(scan)
             _refuse(no_data(shard, index), manifest)
             shard.close()  # a rebuild scanned its mapping: read on with pread, files closed
         for path, (_, entry), index in zip(self.paths, pairs, self.indexes):
@@ -212,19 +206,19 @@ class Corpus:
             more = f" and {len(self.paths) - 1} more" if len(self.paths) > 1 else ""
             _refuse((f"{self.paths[0]}{more}: no packet in the data: nothing to read",
                      "convert data into it with 'ndp convert'"), manifest, DataError)
-        entries = [i.entries for i in self.indexes]
-        self.offsets = np.concatenate([e["offset"].astype(np.int64) for e in entries]) \
-            if entries else np.zeros(0, np.int64)
-        self.src = np.concatenate([e["src"] for e in entries])
+        #: per packet, by global packet number, gathered from the indexes when indexed
+        #: (``corpus.tokens[packets]``; ``Column``): nothing per packet is held
+        self.offsets = Column(self, "offset")
+        self.src = Column(self, "src")
         #: each packet's frame in its file, as its index entry says: 6 + LEN + 2 bytes
-        self.frame_bytes = np.concatenate(
-            [e["length"].astype(np.int64) + FRAME_BYTES for e in entries])
+        self.frame_bytes = Column(self, "frame_bytes")
         #: whether every entry was checked against its packet's header when loaded ("full");
         #: else ``check_headers`` checks the packets as they are decoded
         self.headers_checked = verify == "full"
-        self.tokens = np.concatenate([tokens_of(e["length"], e["typ"]) for e in entries])
+        self.tokens = Column(self, "tokens")
         #: group number of each global packet (``groups[g]`` names it)
-        self.group = np.repeat(np.asarray(shard_group, np.int64), sizes)
+        self.shard_group = np.asarray(shard_group, np.int64)
+        self.group = Column(self, "group")
         #: what a resume state must have been made on: the shards' names, sizes, crc32s (as
         #: their indexes record them) and packet counts, hashed
         digest = hashlib.sha256()

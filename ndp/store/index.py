@@ -146,24 +146,36 @@ def read_index(path: str | os.PathLike) -> Index:
 
 def parse_index(raw: bytes, path: str | os.PathLike) -> Index:
     """The index in ``raw`` (read from ``path``); ``IndexMismatchError`` if it is damaged."""
+    n, shard_size, shard_crc32, data_offset = parse_header(raw[:INDEX_HEADER_BYTES], len(raw),
+                                                           path)
+    entries = np.frombuffer(raw, dtype=INDEX_ENTRY_DTYPE, offset=INDEX_HEADER_BYTES, count=n)
+    return Index(entries, shard_size, shard_crc32, data_offset)
+
+
+def parse_header(head: bytes, file_bytes: int, path: str | os.PathLike
+                 ) -> tuple[int, int, int, int]:
+    """An index file's header ``head`` (its first ``INDEX_HEADER_BYTES``; the file holds
+    ``file_bytes``): its packet count, the shard size and crc32 it was made for and the shard's
+    data offset. ``IndexMismatchError`` if the header is damaged or the file's length is not
+    what its packet count says (cut short, or extended)."""
     shard_name = str(path)[: -len(INDEX_SUFFIX)]
     hint = f"Rebuild it with 'ndp index {shard_name}'."
-    if len(raw) < INDEX_HEADER_BYTES or raw[:8] != INDEX_MAGIC:
+    if len(head) < INDEX_HEADER_BYTES or head[:8] != INDEX_MAGIC:
         raise IndexMismatchError(f"{path}: not an ndp index (bad magic or too short). {hint}")
-    head = np.frombuffer(raw[:INDEX_HEADER_BYTES], dtype=INDEX_HEADER_DTYPE)[0]
-    if int(head["version"]) > INDEX_VERSION:
+    fields = np.frombuffer(head[:INDEX_HEADER_BYTES], dtype=INDEX_HEADER_DTYPE)[0]
+    if int(fields["version"]) > INDEX_VERSION:
         raise UnsupportedVersionError(
-            f"{path}: index version {int(head['version'])}, this ndp reads up to "
+            f"{path}: index version {int(fields['version'])}, this ndp reads up to "
             f"{INDEX_VERSION}. Upgrade ndp, or rebuild it with 'ndp index {shard_name}'."
         )
-    n = int(head["n_packets"])
+    n = int(fields["n_packets"])
     expected = INDEX_HEADER_BYTES + n * INDEX_ENTRY_DTYPE.itemsize
-    if int(head["entry_size"]) != INDEX_ENTRY_DTYPE.itemsize or len(raw) != expected:
+    if int(fields["entry_size"]) != INDEX_ENTRY_DTYPE.itemsize or file_bytes != expected:
         raise IndexMismatchError(
-            f"{path}: {len(raw)} bytes, expected {expected} for {n} entries (truncated?). {hint}"
+            f"{path}: {file_bytes} bytes, expected {expected} for {n} entries (truncated?). "
+            f"{hint}"
         )
-    entries = np.frombuffer(raw, dtype=INDEX_ENTRY_DTYPE, offset=INDEX_HEADER_BYTES, count=n)
-    return Index(entries, int(head["shard_size"]), int(head["shard_crc32"]), int(head["data_offset"]))
+    return n, int(fields["shard_size"]), int(fields["shard_crc32"]), int(fields["data_offset"])
 
 
 INDEX_CHECKS = ("full", "size")
@@ -308,13 +320,26 @@ def load_index_and_scan(shard: Shard, *, on_stale: str = "rebuild",
                         verify: str = "full") -> tuple[Index, ScanResult | None]:
     """As ``load_index``, and the framing scan's result when one was needed (its corrupt
     regions are the packets the index no longer lists), else ``None``."""
+    path = shard.index_path
+
+    def read() -> Index:
+        index = read_index(path)
+        check_index(index, shard, index_path=path, verify=verify)
+        return index
+
+    return index_or_scan(shard, read, on_stale=on_stale)
+
+
+def index_or_scan(shard: Shard, read, *, on_stale: str = "rebuild", stacklevel: int = 4
+                  ) -> tuple:
+    """``read()`` (an index of ``shard`` it has checked), or where it fails because the sidecar
+    is missing, unreadable or does not match, a framing scan of the shard (a warning says why;
+    ``on_stale="error"``: ``IndexMismatchError``). Returns the index and the scan (or None)."""
     if on_stale not in ("rebuild", "error"):
         raise ValueError(f"on_stale must be 'rebuild' or 'error', got {on_stale!r}")
     path = shard.index_path
     try:
-        index = read_index(path)
-        check_index(index, shard, index_path=path, verify=verify)
-        return index, None
+        return read(), None
     except FileNotFoundError:
         if on_stale == "error":
             raise IndexMismatchError(
@@ -335,7 +360,7 @@ def load_index_and_scan(shard: Shard, *, on_stale: str = "rebuild",
         if on_stale == "error":
             raise
         problem = str(err)
-    warnings.warn(f"{problem}; scanning the shard instead", stacklevel=3)
+    warnings.warn(f"{problem}; scanning the shard instead", stacklevel=stacklevel)
     result = scan_shard(shard)
     return Index(result.entries, shard.size, shard.crc32(), shard.header.data_offset), result
 

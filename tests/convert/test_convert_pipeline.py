@@ -172,7 +172,7 @@ def test_max_tokens_up_to_a_packets_capacity_masked_examples_to_theirs(tmp_path,
 
 
 def tokens_of_index(index) -> list[int]:
-    from ndp.store.corpus import tokens_of
+    from ndp.store.columns import tokens_of
 
     return tokens_of(index.entries["length"], index.entries["typ"]).tolist()
 

@@ -86,7 +86,7 @@ def packets(out_dir):
     result = []
     for shard, index in zip(corpus.shards, corpus.indexes):
         batch = decode_padded(shard.data, index.offsets, pad_token_id=0,
-                              seq_len=max(1, int(corpus.tokens.max())))
+                              seq_len=max(1, int(np.asarray(corpus.tokens).max())))
         assert batch.stats.valid == len(index)
         for row, typ in enumerate(index.entries["typ"].tolist()):
             n = int(batch.lengths[row])

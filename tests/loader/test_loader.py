@@ -525,10 +525,10 @@ def _intact_and_lying(tmp_path, lie) -> tuple:
 @pytest.mark.parametrize("mode", ["padded", "packed", "packing"])
 def test_a_lying_index_changes_no_batch(tmp_path, mode):
     """One length bit flipped in an index (its size and crc32 still match; it once made packed
-    mode deliver 16 tokens twice and 8 never). With verify="full", and with verify="size" too
-    (a LEN cut short leaves a gap after its entry, whose header is read when the index is
-    checked), it is rebuilt with a warning and every batch is the one the intact dataset
-    gives."""
+    mode deliver 16 tokens twice and 8 never). With verify="full" (at open), and with
+    verify="size" too (when the shard's entries are first read: a LEN cut short leaves a gap
+    after its entry, whose header is read when the entries are checked), it is rebuilt with a
+    warning and every batch is the one the intact dataset gives."""
 
     def flip_length_bit(entries):
         entries["length"][4] ^= 0x0004
@@ -538,8 +538,8 @@ def test_a_lying_index_changes_no_batch(tmp_path, mode):
     want = _run(make(intact, **kw), 25)
     for verify in ("full", "size"):
         with pytest.warns(UserWarning, match="disagrees with the packet header"):
-            loader = make(lying, verify=verify, **kw)
-        assert_same(_run(loader, 25), want)
+            got = _run(make(lying, verify=verify, **kw), 25)
+        assert_same(got, want)
 
 
 @pytest.mark.parametrize("mode", ["padded", "packed", "packing"])

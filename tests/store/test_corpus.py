@@ -18,6 +18,7 @@ import pytest
 from ndp.store.corpus import Corpus
 from ndp.errors import DataError, ShardFormatError
 from ndp.loader.loader import Loader
+from ndp.wire.format import INDEX_ENTRY_DTYPE
 from ndp.wire.packet import encode_tokens
 from ndp.store.shard import encode_shard_header
 
@@ -148,3 +149,51 @@ def test_a_shard_cut_inside_its_header_is_refused(tmp_path):
     path.write_bytes(encode_shard_header()[:20])
     with pytest.raises(ShardFormatError, match=r"cut.ndp: holds no valid packet.*truncated header"):
         quietly(lambda: make([*good_shard(tmp_path), path]))
+
+
+# --- opening costs O(shards): index entries are read when their shard is (issue 25) ---------------
+@pytest.fixture
+def twelve_shards(tmp_path):
+    """12 shards of 10 ramp packets each (packet k: 3 + k % 5 tokens), indexed."""
+    specs = ramp_specs([3 + k % 5 for k in range(120)])
+    for i in range(0, 120, 10):
+        write_shards(tmp_path, [s.encode() for s in specs[i: i + 10]], prefix=f"s{i:03d}")
+    return tmp_path, specs
+
+
+def test_opening_reads_no_index_entry_and_a_read_only_its_own_shards(twelve_shards):
+    path, specs = twelve_shards
+    corpus = Corpus(path)
+    assert len(corpus.indexes) == 12 and len(corpus) == 120
+    assert not any(index.loaded for index in corpus.indexes)  # headers only
+    assert corpus.tokens[np.array([34, 31])].tolist() == [len(specs[34].tokens),
+                                                          len(specs[31].tokens)]
+    assert [index.loaded for index in corpus.indexes] == [s == 3 for s in range(12)]
+    # packets of three shards out of shard order, a slice across two, an int, a mask
+    want = [len(s.tokens) for s in specs]
+    pick = np.array([95, 12, 96, 13, 0])
+    assert corpus.tokens[pick].tolist() == [want[g] for g in pick]
+    assert corpus.tokens[58:63].tolist() == want[58:63]
+    assert corpus.tokens[-1] == want[-1]
+    assert np.array_equal(corpus.tokens, want)  # every packet (tools and tests only)
+    assert corpus.offsets[np.array([10, 0])].tolist() == [
+        corpus.indexes[1].entries["offset"][0], corpus.indexes[0].entries["offset"][0]]
+    assert corpus.group[5:7].tolist() == [0, 0]
+    with pytest.raises(IndexError):
+        corpus.tokens[np.array([120])]
+
+
+def test_the_entries_held_are_bounded_in_bytes_and_read_again_when_asked(twelve_shards):
+    """A corpus holds at most its cache's budget of index entries (at least the shard in use):
+    a data set of 1e8 packets would otherwise keep every entry it ever read, 1.6 GB."""
+    path, specs = twelve_shards
+    corpus = Corpus(path)
+    cache = corpus.entry_cache
+    one = 10 * INDEX_ENTRY_DTYPE.itemsize  # a shard's entries
+    cache.budget = 3 * one
+    assert np.array_equal(corpus.tokens, [len(s.tokens) for s in specs])
+    assert cache.reads == 12 and cache.held_bytes <= 3 * one
+    corpus.tokens[np.arange(110, 120)]  # the last shard: still held
+    assert cache.reads == 12
+    corpus.tokens[np.arange(0, 10)]  # the first: dropped, read again
+    assert cache.reads == 13 and cache.held_bytes <= 3 * one

@@ -1,0 +1,124 @@
+"""Per-packet fields of a corpus by global packet number, read from the shards' indexes when
+asked: ``corpus.tokens[packets]``, ``corpus.offsets[packets]``, ...
+
+A corpus of 1e8 packets would hold ~4 GB of per-packet arrays if it concatenated its indexes at
+open; a ``Column`` holds nothing. Indexing it with global packet numbers (an int array, a slice
+or an int) splits them by shard (``base``: the shards' first packet numbers), reads those
+entries from each shard's index (``ndp.store.lazy``: read and checked when not held) and returns a new array: O(the packets asked for), plus a sort of their shard
+numbers when they are not in shard order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ndp.wire.format import FRAME_BYTES, MASK_COUNT_BYTES, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
+
+#: the fields a ``Column`` reads, and their dtypes
+FIELDS = {"offset": np.int64, "frame_bytes": np.int64, "tokens": np.int64, "src": np.uint8,
+          "group": np.int64}
+
+
+def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
+    """Token count of each packet with payload ``length`` and TYP ``typ``, as a valid packet of
+    that layout holds (0 for TYPs that carry no tokens)."""
+    length = length.astype(np.int64)
+    width = TYP_WIDTH_TABLE[typ].astype(np.int64)
+    masked = TYP_MASKED_TABLE[typ] != 0
+    plain = np.where(width > 0, length // np.maximum(width, 1), 0)
+    # masked: LEN = 2 + N*w + ceil(N/8); N is the floor below or the one after it
+    body = np.maximum(length - MASK_COUNT_BYTES, 0)
+    n0 = (8 * body) // np.maximum(8 * width + 1, 1)
+    fits = MASK_COUNT_BYTES + (n0 + 1) * width + (n0 + 8) // 8 <= length
+    n_masked = n0 + fits
+    return np.where(masked, n_masked, plain)
+
+
+class Column:
+    """One field (``FIELDS``) of every packet of ``corpus``, by global packet number."""
+
+    def __init__(self, corpus: Any, field: str) -> None:
+        self._corpus, self.field = corpus, field
+        self.dtype = np.dtype(FIELDS[field])
+
+    def __len__(self) -> int:
+        return self._corpus.n_packets
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self._corpus.n_packets,)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        """Every packet's value: O(packets), for tools and tests, never on a reader's path."""
+        out = self[0:len(self)]
+        return out if dtype is None else out.astype(dtype)
+
+    def __getitem__(self, which: Any) -> Any:
+        n = len(self)
+        if isinstance(which, slice):
+            start, stop, step = which.indices(n)
+            if step == 1:
+                return self._range(start, max(start, stop))
+            which = np.arange(start, stop, step)
+        if isinstance(which, (int, np.integer)):
+            g = int(which) + (n if which < 0 else 0)
+            if not 0 <= g < n:
+                raise IndexError(f"packet {which} of a corpus of {n}")
+            return self[np.array([g])][0]
+        want = np.asarray(which)
+        if want.dtype == np.bool_:
+            want = np.flatnonzero(want)
+        flat = want.astype(np.int64, copy=False).ravel()
+        out = np.empty(flat.shape[0], self.dtype)
+        if flat.shape[0]:
+            if int(flat.min()) < 0:
+                flat = np.where(flat < 0, flat + n, flat)
+            if int(flat.min()) < 0 or int(flat.max()) >= n:
+                raise IndexError(f"packet numbers out of range for a corpus of {n}")
+            self._gather(flat, out)
+        return out.reshape(want.shape)
+
+    def _gather(self, flat: np.ndarray, out: np.ndarray) -> None:
+        base = self._corpus.base
+        ids = np.searchsorted(base, flat, side="right") - 1
+        if ids.shape[0] > 1 and (ids[1:] < ids[:-1]).any():  # not in shard order: sort
+            order = np.argsort(ids.astype(np.uint16) if base.shape[0] <= 1 << 16 else ids,
+                               kind="stable")  # a radix sort for 16-bit keys: O(n)
+            ids = ids[order]
+        else:
+            order = None
+        cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), ids.shape[0]]):
+            s = int(ids[a])
+            at = slice(a, b) if order is None else order[a:b]
+            out[at] = self._values(s, flat[at] - base[s])
+
+    def _range(self, start: int, stop: int) -> np.ndarray:
+        """Packets ``start`` to ``stop``: each shard's part as a slice of its index."""
+        base = self._corpus.base
+        out = np.empty(stop - start, self.dtype)
+        s = int(np.searchsorted(base, start, side="right")) - 1
+        at = start
+        while at < stop:
+            end = min(stop, int(base[s + 1]))
+            out[at - start: end - start] = self._values(s, slice(at - base[s], end - base[s]))
+            at, s = end, s + 1
+        return out
+
+    def _values(self, s: int, local: Any) -> np.ndarray:
+        field = self.field
+        if field == "group":
+            n = local.stop - local.start if isinstance(local, slice) else local.shape[0]
+            return np.full(n, self._corpus.shard_group[s], np.int64)
+        entries = self._corpus.indexes[s].entries
+        if field == "tokens":
+            picked = entries[local]
+            return tokens_of(picked["length"], picked["typ"])
+        if field == "frame_bytes":
+            return entries["length"][local].astype(np.int64) + FRAME_BYTES
+        return entries[field][local]
+
+    def __repr__(self) -> str:
+        return f"Column({self.field!r}, {len(self)} packets)"

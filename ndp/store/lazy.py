@@ -1,0 +1,225 @@
+"""Indexes opened at the cost of their header: entries read and checked when used.
+
+Opening a dataset reads each sidecar index's 64-byte header (packet count, shard size and
+crc32) and checks it against its shard's size and the file's length: O(shards), whatever the
+number of packets. The entries stay on disk until a reader asks for them (the plan of the
+shuffle window holding the shard, a decode, an export); they are read then (not memory-mapped:
+a mapping holds a file descriptor for as long as it lives, see ``ndp.store.files``) into an
+``EntryCache`` that holds at most ``budget`` bytes of them for the whole corpus (the least
+recently used shard's go first, and are read again when asked for), and each read gets the
+structural checks of ``ndp.store.index.check_structure`` (entries inside the file, in order,
+not overlapping, no packet left out between them, the entries that a gap follows matching their
+packets' headers). An index that fails them then is scanned again (a warning; on
+``on_stale="error"`` an ``IndexMismatchError``) if the scan finds as many packets as the header
+said, since packets are numbered by those counts from the open on; else the error names the
+index and says to rebuild it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ndp.errors import IndexMismatchError
+from ndp.store.index import (
+    Index,
+    ScanResult,
+    check_structure,
+    index_or_scan,
+    load_index_and_scan,
+    parse_header,
+    scan_shard,
+)
+from ndp.store.shard import Shard
+from ndp.wire.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES
+
+
+#: bytes of index entries a corpus holds at once by default (``NDP_INDEX_CACHE_BYTES``): two
+#: default shuffle windows' (1 GiB of shards each) of documents of ~100 tokens or more
+DEFAULT_CACHE_BYTES = 512 << 20
+
+
+def cache_budget() -> int:
+    """``NDP_INDEX_CACHE_BYTES`` if set, else ``DEFAULT_CACHE_BYTES``."""
+    raw = os.environ.get("NDP_INDEX_CACHE_BYTES")
+    return DEFAULT_CACHE_BYTES if not raw else max(0, int(raw))
+
+
+class EntryCache:
+    """The index entries read, for a whole corpus: at most ``budget`` bytes (the entries in use
+    always stay, even past it), the least recently used shard's dropped first."""
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = cache_budget() if budget is None else budget
+        self._held: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        #: how many times a shard's entries were read from disk (its first read included)
+        self.reads = 0
+
+    def get(self, key: int) -> np.ndarray | None:
+        with self._lock:
+            got = self._held.get(key)
+            if got is not None:
+                self._held.move_to_end(key)
+            return got
+
+    def put(self, key: int, entries: np.ndarray) -> None:
+        with self._lock:
+            self.reads += 1
+            old = self._held.pop(key, None)
+            self._bytes += entries.nbytes - (0 if old is None else old.nbytes)
+            self._held[key] = entries
+            while self._bytes > self.budget and len(self._held) > 1:
+                _, gone = self._held.popitem(last=False)
+                self._bytes -= gone.nbytes
+
+    @property
+    def held_bytes(self) -> int:
+        return self._bytes
+
+
+class LazyIndex:
+    """A sidecar index whose header was checked at open; ``entries`` reads and checks the rest
+    when asked for, through the corpus' ``EntryCache`` (thread-safe: the Loader's producer and
+    consumer both read them). Quacks like ``ndp.store.index.Index``."""
+
+    def __init__(self, shard: Shard, path: Path, n: int, shard_size: int, shard_crc32: int,
+                 data_offset: int, *, on_stale: str, found: Callable[[ScanResult], None],
+                 cache: EntryCache) -> None:
+        self.shard, self.path, self._n = shard, path, n
+        self.shard_size, self.shard_crc32, self.data_offset = shard_size, shard_crc32, data_offset
+        self._on_stale, self._found, self._cache = on_stale, found, cache
+        self._head = (n, shard_size, shard_crc32, data_offset)
+        #: entries that replace the sidecar's (a scan's, or none): held for good, not cached
+        self._pinned: np.ndarray | None = None
+        self._read = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, shard: Shard, *, on_stale: str = "rebuild",
+             found: Callable[[ScanResult], None] = lambda scan: None,
+             cache: EntryCache | None = None) -> LazyIndex:
+        """``shard``'s index by its header alone; ``IndexMismatchError`` if the header is
+        damaged, the file's length disagrees with it or it was made for another size of shard
+        (``FileNotFoundError``/``OSError`` as reading it raises them). ``found`` is given the
+        scan of an index that fails its checks when first used."""
+        path = shard.index_path
+        with path.open("rb") as f:
+            head = f.read(INDEX_HEADER_BYTES)
+            size = os.fstat(f.fileno()).st_size
+        n, shard_size, crc, data_offset = parse_header(head, size, path)
+        index = cls(shard, path, n, shard_size, crc, data_offset, on_stale=on_stale,
+                    found=found, cache=EntryCache() if cache is None else cache)
+        if shard_size != shard.size:  # ``check_index``'s size check (crc32: verify="full")
+            raise IndexMismatchError(
+                f"{path}: made for a {shard_size}-byte shard, {shard.path} has {shard.size} "
+                f"bytes (stale index). Rebuild it with 'ndp index {shard.path}'.")
+        if n == 0:  # nothing to read: the one gap (the whole shard) is checked now
+            index._pinned = index._map()
+            index._read = True
+        return index
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the entries were read (and checked) yet."""
+        return self._read
+
+    @property
+    def first_offset(self) -> int:
+        """The first entry's packet offset (-1 for none), read from the file unchecked: what
+        ``ndp.store.corpus.no_data`` looks at when the dataset is opened."""
+        if self._n == 0:
+            return -1
+        with self.path.open("rb") as f:
+            f.seek(INDEX_HEADER_BYTES)
+            raw = f.read(INDEX_ENTRY_DTYPE.itemsize)
+        if len(raw) < INDEX_ENTRY_DTYPE.itemsize:
+            raise IndexMismatchError(f"{self.path}: cut short since it was opened. Rebuild it "
+                                     f"with 'ndp index {self.shard.path}'.")
+        return int(np.frombuffer(raw, INDEX_ENTRY_DTYPE)["offset"][0])
+
+    @property
+    def entries(self) -> np.ndarray:
+        """The entries (``INDEX_ENTRY_DTYPE``), read and checked when not held."""
+        got = self._pinned
+        if got is None:
+            got = self._cache.get(id(self))
+        if got is None:
+            with self._lock:  # one read of a shard's entries at a time
+                got = self._pinned if self._pinned is not None else self._cache.get(id(self))
+                if got is None:
+                    got = self._load()
+                    self._read = True
+        return got
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return self.entries["offset"].astype(np.int64)
+
+    def _map(self) -> np.ndarray:
+        """The entries, read and checked (``IndexMismatchError`` if they fail)."""
+        path = self.path
+        with path.open("rb") as f:
+            head = f.read(INDEX_HEADER_BYTES)
+            size = os.fstat(f.fileno()).st_size
+            if parse_header(head, size, path) != self._head:
+                raise IndexMismatchError(
+                    f"{path}: changed since the dataset was opened (its header says other "
+                    f"counts now). Rebuild it with 'ndp index {self.shard.path}' and open the "
+                    f"dataset again.")
+            entries = np.fromfile(f, dtype=INDEX_ENTRY_DTYPE, count=self._n)
+        if entries.shape[0] != self._n:
+            raise IndexMismatchError(f"{path}: cut short while read. Rebuild it with "
+                                     f"'ndp index {self.shard.path}'.")
+        check_structure(Index(entries, self.shard_size, self.shard_crc32, self.data_offset),
+                        self.shard, where=path, headers=False)
+        return entries
+
+    def _load(self) -> np.ndarray:
+        """``_map`` into the cache, or where the entries fail their checks a scan of the shard
+        that finds as many packets, held for good (see the module docstring)."""
+        try:
+            entries = self._map()
+            self._cache.put(id(self), entries)
+            return entries
+        except IndexMismatchError as err:  # an OSError (no permission now) is raised as it is
+            if self._on_stale == "error":
+                raise
+            problem = str(err)
+        scan = scan_shard(self.shard)
+        if scan.entries.shape[0] != self._n:
+            raise IndexMismatchError(
+                f"{problem}; a scan of {self.shard.path} finds {scan.entries.shape[0]:,} packets "
+                f"where the index said {self._n:,} when the dataset was opened, and packets are "
+                f"numbered by those counts: rebuild the index with 'ndp index "
+                f"{self.shard.path}' and open the dataset again")
+        warnings.warn(f"{problem}; scanning the shard instead", stacklevel=5)
+        self._found(scan)
+        self._pinned = scan.entries
+        return scan.entries
+
+
+def open_index(shard: Shard, *, on_stale: str = "rebuild", verify: str = "size",
+               found: Callable[[ScanResult], None] = lambda scan: None,
+               cache: EntryCache | None = None) -> tuple[Index | LazyIndex, ScanResult | None]:
+    """``shard``'s index for a reader, and the scan that replaced it (or None): with
+    ``verify="full"`` read and checked whole now (``load_index_and_scan``), else by its header
+    (``LazyIndex``), the rest when first used. A sidecar that is missing, unreadable or
+    fails the header's checks is scanned now, as ``load_index_and_scan`` does."""
+    if verify == "full":
+        return load_index_and_scan(shard, on_stale=on_stale, verify=verify)
+    if verify != "size":
+        raise ValueError(f"verify must be one of ('full', 'size'), got {verify!r}")
+    return index_or_scan(shard, lambda: LazyIndex.open(shard, on_stale=on_stale,
+                                                       found=found, cache=cache),
+                         on_stale=on_stale, stacklevel=5)
