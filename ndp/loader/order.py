@@ -2,7 +2,10 @@
 
 Everything here is a pure function of (seed, epoch, rank, world size) and the shard sizes, so a
 resumed run recomputes exactly the order it left and every rank computes its share without
-talking to the others.
+talking to the others. The order is drawn window by window (``epoch_windows``) and CRC-Drop's
+verdicts range by range (``drop_ranges``), so a rank plans an epoch holding one window's
+packets at a time (``ndp.loader.epoch``); ``epoch_order`` and ``drop_mask`` give the same for
+the whole dataset at once.
 
 * ``shuffle=True``: document-level shuffling in windows (``ORDER``). Each epoch the shards are
   permuted, cut into windows of consecutive shards (up to ``shuffle_window`` bytes, 1 GiB by
@@ -31,6 +34,8 @@ talking to the others.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -111,6 +116,68 @@ def shards_at_once(sizes: np.ndarray, *, shuffle: bool,
     return min(n, 2 * most_shards_per_window(sizes, window)) if shuffle else min(n, 2)
 
 
+#: an unshuffled epoch is walked in pieces of at most this many packets (``epoch_windows``)
+BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Window:
+    """One piece of an epoch's order: the packets of the ranges ``[starts[i], stops[i])`` of
+    global packet numbers, one after the other, then permuted by ``perm`` (``None``: in order).
+    A shuffle window's ranges are its shards."""
+
+    starts: np.ndarray
+    stops: np.ndarray
+    perm: np.ndarray | None = None
+
+    @property
+    def size(self) -> int:
+        """Packets in the window."""
+        return int((self.stops - self.starts).sum())
+
+    def unshuffled(self) -> np.ndarray:
+        """The window's packets before its permutation (its ranges, concatenated; int64)."""
+        lengths = self.stops - self.starts
+        at = np.cumsum(lengths) - lengths  # where each range begins in the concatenation
+        return (np.arange(int(lengths.sum()), dtype=np.int64)
+                + np.repeat((self.starts - at).astype(np.int64), lengths))
+
+    def packets(self) -> np.ndarray:
+        """The window's part of the epoch's order: global packet numbers (int64)."""
+        flat = self.unshuffled()
+        return flat if self.perm is None else flat[self.perm]
+
+
+def epoch_windows(
+    base: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    shard_bytes: np.ndarray | None = None,
+    window_bytes: int | None = WINDOW_BYTES,
+    block: int = BLOCK,
+) -> Iterator[Window]:
+    """The epoch's order window by window (``epoch_order`` is their packets, concatenated),
+    each window's permutation drawn only when it is reached: walking them holds one window's
+    packets at a time. Unshuffled, the order is cut into pieces of ``block`` packets."""
+    if not shuffle:
+        n = int(base[-1])
+        for a in range(0, n, block):
+            yield Window(np.array([a], np.int64), np.array([min(a + block, n)], np.int64))
+        return
+    n_shards = base.shape[0] - 1
+    if shard_bytes is None:
+        shard_bytes = np.zeros(n_shards, np.int64)
+    rng = np.random.Generator(np.random.PCG64([seed, epoch, _ORDER_STREAM]))
+    # the same draws, in the same order, as ever: the shard permutation, then one permutation
+    # per window (a state records ORDER: this must not change under it)
+    for window in windows(shard_bytes, rng.permutation(n_shards), window_bytes):
+        starts = base[window].astype(np.int64)
+        stops = base[window + 1].astype(np.int64)
+        yield Window(starts, stops, rng.permutation(int((stops - starts).sum())))
+
+
 def epoch_order(
     base: np.ndarray,
     *,
@@ -122,18 +189,12 @@ def epoch_order(
 ) -> np.ndarray:
     """Global packet numbers of one epoch, all ranks together (``base``: the corpus' shard
     starts with the total appended; ``shard_bytes``: each shard's size, for the windows of
-    ``window_bytes``, ``None`` for one window of everything)."""
-    n_shards = base.shape[0] - 1
-    if not shuffle:
-        return np.arange(base[-1], dtype=np.int64)
-    if shard_bytes is None:
-        shard_bytes = np.zeros(n_shards, np.int64)
-    rng = np.random.Generator(np.random.PCG64([seed, epoch, _ORDER_STREAM]))
-    parts = []
-    for window in windows(shard_bytes, rng.permutation(n_shards), window_bytes):
-        packets = np.concatenate([np.arange(base[s], base[s + 1]) for s in window.tolist()])
-        parts.append(packets[rng.permutation(packets.shape[0])])
-    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    ``window_bytes``, ``None`` for one window of everything). O(packets): the Loader walks
+    ``epoch_windows`` instead."""
+    parts = [w.packets() for w in epoch_windows(base, seed=seed, epoch=epoch, shuffle=shuffle,
+                                                shard_bytes=shard_bytes,
+                                                window_bytes=window_bytes)]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def rank_share(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
@@ -141,14 +202,45 @@ def rank_share(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
     return order[rank::world_size]
 
 
-def drop_mask(n_packets: int, *, seed: int, epoch: int, rate: float) -> np.ndarray:
-    """Which packets CRC-Drop removes this epoch (bool per global packet number)."""
+def check_drop_rate(rate: float) -> None:
+    """``ConfigError`` unless ``0 <= rate < 1``."""
     if not 0.0 <= rate < 1.0:
         raise ConfigError(f"crc_drop_rate must be in [0, 1), got {rate}")
+
+
+def drop_mask(n_packets: int, *, seed: int, epoch: int, rate: float) -> np.ndarray:
+    """Which packets CRC-Drop removes this epoch (bool per global packet number)."""
+    check_drop_rate(rate)
     if rate == 0.0:
         return np.zeros(n_packets, dtype=bool)
     rng = np.random.Generator(np.random.PCG64([seed, epoch, _DROP_STREAM]))
     return rng.random(n_packets) < rate
+
+
+def drop_ranges(starts: np.ndarray, stops: np.ndarray, *, seed: int, epoch: int,
+                rate: float) -> np.ndarray:
+    """``drop_mask``'s verdicts for the packets ``[starts[i], stops[i])``, one range after the
+    other, without drawing for the rest of the dataset: each range's draws come from the same
+    stream advanced to its first packet (one 64-bit draw per packet, as ``random`` makes)."""
+    check_drop_rate(rate)
+    lengths = np.maximum(np.asarray(stops, np.int64) - np.asarray(starts, np.int64), 0)
+    out = np.zeros(int(lengths.sum()), dtype=bool)
+    if rate == 0.0:
+        return out
+    bits = np.random.PCG64([seed, epoch, _DROP_STREAM])
+    first = bits.state
+    rng = np.random.Generator(bits)
+    drawn, at = 0, 0  # packets the stream has drawn for; where the next range goes in out
+    for a, n in zip(np.asarray(starts, np.int64).tolist(), lengths.tolist()):
+        if not n:
+            continue
+        if a < drawn:  # behind the stream: back to its start
+            bits.state, drawn = first, 0
+        if a > drawn:
+            bits.advance(a - drawn)
+        out[at: at + n] = rng.random(n) < rate
+        drawn, at = a + n, at + n
+    return out
 
 
 MIX_SIZES = ("shortest", "longest")

@@ -66,6 +66,31 @@ def _count_batches(lengths, rows, row_len):  # pragma: no cover - compiled
 
 
 @cpu_kernel
+def _count_batches_by_rank(lengths, take, ranks, rows, row_len, carry):  # pragma: no cover
+    for i in range(lengths.shape[0]):
+        if not take[i]:
+            continue
+        k = i % ranks
+        m = min(lengths[i], row_len)
+        if carry[2, k] == 0:  # the stream's first example opens its first batch
+            carry[2, k] = 1
+            carry[0, k] = 0
+            carry[1, k] = 0
+        r = carry[0, k]
+        c = carry[1, k]
+        if c + m > row_len:
+            r += 1
+            c = 0
+        if r == rows:  # the batch is full: this example opens the next one
+            carry[2, k] += 1
+            r = 0
+            c = 0
+        carry[0, k] = r
+        carry[1, k] = c + m
+    return 0
+
+
+@cpu_kernel
 def _segments(lengths, where_row, rows, row_len, out):  # pragma: no cover - compiled
     """Segment ends of the flattened batch: each document, then each row's padding."""
     k = 0
@@ -109,3 +134,14 @@ def count_batches(lengths: np.ndarray, rows: int, row_len: int) -> int:
     """How many batches of ``rows`` rows of ``row_len`` the examples ``lengths`` fill when
     placed in order as ``plan`` places them (each batch takes at least one example)."""
     return int(_count_batches(np.ascontiguousarray(lengths, np.int64), rows, row_len))
+
+
+def count_batches_by_rank(lengths: np.ndarray, take: np.ndarray, ranks: int, rows: int,
+                          row_len: int, carry: np.ndarray) -> None:
+    """``count_batches`` of ``ranks`` interleaved streams at once, fed a piece at a time:
+    element ``i`` of ``lengths`` belongs to stream ``i % ranks`` and is one of its examples
+    where ``take[i]``. ``carry`` (int64, 3 x ``ranks``: each stream's row and column in its
+    open batch, and its batches so far) goes from piece to piece, so that ``carry[2]`` is, per
+    stream, ``count_batches`` of all its examples however they were cut (``rows`` >= 1)."""
+    _count_batches_by_rank(np.ascontiguousarray(lengths, np.int64),
+                           np.ascontiguousarray(take, np.bool_), ranks, rows, row_len, carry)

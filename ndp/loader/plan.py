@@ -6,16 +6,24 @@ epoch.
 
 Every epoch has a batch count known before it starts (``len(loader)``), and every rank delivers
 that many (else a distributed training loop waits on a collective that one rank never joins):
-each rank works out every rank's share (no communication: all of it is a function of the seed,
-the epoch and the index), the shares are cut to the shortest one's packet count (what is cut is
-counted as ``rank_balance``), and the epoch's batch count is the smallest any rank's share
-makes by the index. That count is exact for ``padded`` and ``packing`` batches whatever is
-corrupt (a corrupt packet makes its batch shorter, not absent); in ``packed`` mode a rank whose
-corrupt packets leave its stream short goes on from the start of its share (counted as
-``repeated``) to deliver it, with one rank as with several. A chunk is a run of consecutive
-packets of the share that holds ``batches`` batches by the index's token counts; the batches themselves are laid out after decoding (``ndp.loader.layout``),
-from what the packets really hold, so the cut never changes a batch: with fewer batches per
-chunk, or more, the Loader delivers the same ones.
+each rank works out, with no communication (all of it is a function of the seed, the epoch
+and the index), how many packets every rank's share keeps; the shares are cut to the shortest
+one's count (what is cut is counted as ``rank_balance``), and the epoch's batch count is the
+smallest any rank's cut share makes by the index. It does so in a pass over the epoch's
+shuffle windows (two with CRC-Drop in ``packed`` and ``packing`` mode; ``ndp.loader.epoch``)
+that holds one window's packets at a time, per-rank counters and this rank's own share, never
+the epoch's whole order or another rank's share. With mixing (which draws over a rank's whole
+share) or in an elastic remainder (``ndp.loader.elastic``: a whole order already), the whole
+order and every rank's share are built, O(packets). That count is exact for ``padded`` and
+``packing`` batches whatever is corrupt (a corrupt packet makes its batch shorter, not
+absent); in ``packed`` mode a rank whose corrupt packets leave its stream short goes on from
+the start of its share (counted as ``repeated``) to deliver it, with one rank as with
+several.
+
+A chunk is a run of consecutive packets of the share that holds ``batches`` batches by the
+index's token counts; the batches themselves are laid out after decoding
+(``ndp.loader.layout``), from what the packets really hold, so the cut never changes a batch:
+with fewer batches per chunk, or more, the Loader delivers the same ones.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ndp.loader.epoch import plan_epoch
 from ndp.loader.packing import count_batches, plan as place
 from ndp.store.corpus import Corpus
 from ndp.errors import ConfigError
@@ -79,6 +88,10 @@ class Plan:
         self._memo: dict[int, int] = {}
         #: an epoch whose rest comes from a run with other ranks (``ndp.loader.elastic.Remainder``)
         self.elastic: Any = None
+        #: the most elements of any per-packet array the last epoch's planning built (this
+        #: rank's own share aside): a window's packets (``ndp.loader.epoch``), or the whole
+        #: order with mixing or an elastic remainder
+        self.peak_plan_elements = 0
 
     def variant(self, *, rank: int, world_size: int, batch_size: int, seq_len: int) -> Plan:
         """This plan for another rank, world size or batch shape (the same data, order,
@@ -101,9 +114,31 @@ class Plan:
         if have is not None:
             return have
         rest = self.elastic if self.elastic is not None and self.elastic.epoch == epoch else None
+        if rest is None and self._mix_keys is None:  # a pass over the windows (ndp.loader.epoch)
+            walked = plan_epoch(self.corpus, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
+                                shard_bytes=self._shard_bytes, window_bytes=self._window_bytes,
+                                rate=self.crc_drop_rate, rank=self.rank,
+                                world_size=self.world_size, mode=self.mode,
+                                batch_size=self.batch_size, seq_len=self.seq_len)
+            self.peak_plan_elements = walked.peak
+            own, m = walked.own, walked.length
+            packets = np.concatenate([own, own]) if self.mode == "packed" else own
+            share = Share(packets, m, walked.batches, walked.dropped, {}, {}, walked.balanced)
+        else:
+            share = self._share_whole(epoch, rest)
+        # the producer works an epoch ahead of the consumer (and of len()): keep two
+        self._shares[epoch] = share
+        while len(self._shares) > 2:
+            self._shares.pop(next(iter(self._shares)), None)
+        return share
+
+    def _share_whole(self, epoch: int, rest: Any) -> Share:
+        """``share`` by building the epoch's whole order and every rank's share: mixing draws
+        over a rank's whole share, and an elastic remainder is a whole order already."""
         if rest is not None:  # already dropped and mixed by the run it comes from
             every = [(rank_share(rest.packets, r, self.world_size), 0, {}, {})
                      for r in range(self.world_size)]
+            self.peak_plan_elements = int(rest.packets.shape[0])
         else:
             order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch,
                                 shuffle=self.shuffle, shard_bytes=self._shard_bytes,
@@ -111,19 +146,15 @@ class Plan:
             dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
                                 rate=self.crc_drop_rate)
             every = [self._kept(order, dropped, epoch, r) for r in range(self.world_size)]
+            self.peak_plan_elements = int(order.shape[0])
         m = min(k.shape[0] for k, *_ in every)
         kept, n_dropped, unused, again = every[self.rank]
         batches = min(self.batches_of(k[:m]) for k, *_ in every)
         own = kept[:m]
         packets = np.concatenate([own, own]) if self.mode == "packed" else own
-        share = Share(packets, m, batches, n_dropped, unused, again, kept.shape[0] - m,
-                      0 if rest is None else int(((rest.partial % self.world_size == self.rank)
-                                                  & (rest.partial // self.world_size < m)).sum()))
-        # the producer works an epoch ahead of the consumer (and of len()): keep two
-        self._shares[epoch] = share
-        while len(self._shares) > 2:
-            self._shares.pop(next(iter(self._shares)), None)
-        return share
+        return Share(packets, m, batches, n_dropped, unused, again, kept.shape[0] - m,
+                     0 if rest is None else int(((rest.partial % self.world_size == self.rank)
+                                                 & (rest.partial // self.world_size < m)).sum()))
 
     def _kept(self, order: np.ndarray, dropped: np.ndarray, epoch: int,
               rank: int) -> tuple[np.ndarray, int, dict, dict]:

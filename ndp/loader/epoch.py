@@ -1,0 +1,169 @@
+"""One rank's plan of an epoch in a pass over the epoch's shuffle windows: how many packets
+every rank keeps after CRC-Drop, the shortest of those counts (``length``: every rank's share
+is cut to it), this rank's own packets, and the batches the ranks' cut shares make. Nothing
+the size of the dataset is built: not the epoch's order, not a drop mask, not another rank's
+share; only one window's packets at a time (``ndp.loader.order.epoch_windows``), O(W)
+counters, and this rank's own share, which the producer reads.
+
+Position ``p`` of the epoch's order goes to rank ``p % W``. A window's positions are laid out as
+a table of W columns (column: rank; rows: consecutive positions, the first and last row padded),
+so per-rank counts, each kept packet's place in its rank's share and per-rank token sums are
+column operations on the window: O(window + W) memory.
+
+* ``length``: without CRC-Drop every rank keeps its positions and the shortest share is
+  ``packets // W``, known before any pass; with it, a first pass counts every rank's kept
+  packets (and collects this rank's).
+* the batches: ``padded`` needs only ``length``; ``packed`` sums each rank's first ``length``
+  kept packets' tokens; ``packing`` streams them through the greedy placement, every rank's
+  open batch carried from window to window (``ndp.loader.packing.count_batches_by_rank``).
+  With CRC-Drop this is a second pass, which draws the windows again from the seed (the same
+  draws) and stops once every rank has reached ``length``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ndp.loader.order import Window, check_drop_rate, drop_ranges, epoch_windows
+from ndp.loader.packing import count_batches_by_rank
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What ``plan_epoch`` works out (``ndp.loader.plan.Share`` is made of it)."""
+
+    own: np.ndarray  #: this rank's packets after CRC-Drop, cut to ``length``
+    length: int  #: the shortest rank's packet count after CRC-Drop
+    batches: int  #: the smallest batch count of any rank's first ``length`` packets
+    dropped: int  #: CRC-Drop: packets of this rank's part of the order dropped on purpose
+    balanced: int  #: this rank's kept packets past ``length``
+    peak: int  #: the most elements of any per-packet array the pass built (own share aside)
+
+
+def plan_epoch(corpus: Any, *, epoch: int, seed: int, shuffle: bool, shard_bytes: np.ndarray,
+               window_bytes: int | None, rate: float, rank: int, world_size: int, mode: str,
+               batch_size: int, seq_len: int) -> EpochPlan:
+    """This rank's plan of ``epoch`` (see the module docstring): the same packets and counts
+    as building the whole order and every rank's share would give."""
+    check_drop_rate(rate)
+    walk = _Walk(corpus, epoch=epoch, seed=seed, shuffle=shuffle, shard_bytes=shard_bytes,
+                 window_bytes=window_bytes, rate=rate, rank=rank, world_size=world_size,
+                 mode=mode, batch_size=batch_size, seq_len=seq_len)
+    n, W = int(corpus.n_packets), world_size
+    own = np.empty(max(0, (n - rank + W - 1) // W), np.int64)  # this rank's positions
+    if rate > 0:
+        counted = walk.run(own=own)
+        length, kept, dropped = int(counted.kept.min()), counted.n_own, counted.dropped
+        own_done = True
+    else:
+        length, kept, dropped, own_done = n // W, own.shape[0], 0, False
+    if mode == "padded":
+        if not own_done:
+            walk.run(own=own)
+        batches = -(-length // batch_size)
+    else:
+        totals = walk.run(own=None if own_done else own, length=length)
+        if mode == "packed":
+            batches = int(np.maximum(0, (totals.sums - 1) // (batch_size * seq_len)).min())
+        else:
+            batches = int(totals.carry[2].min())
+    return EpochPlan(own[:length], length, batches, dropped, kept - length, walk.peak)
+
+
+@dataclass
+class _Totals:
+    kept: np.ndarray  # per rank: packets kept so far (after CRC-Drop)
+    sums: np.ndarray  # packed, per rank: tokens of its first ``length`` kept packets
+    carry: np.ndarray  # packing: ``count_batches_by_rank``'s carry
+    n_own: int = 0  # this rank's kept packets collected
+    dropped: int = 0  # this rank's packets dropped
+
+
+class _Walk:
+    """Passes over one epoch's windows for one rank (``run``)."""
+
+    def __init__(self, corpus: Any, *, epoch: int, seed: int, shuffle: bool,
+                 shard_bytes: np.ndarray, window_bytes: int | None, rate: float, rank: int,
+                 world_size: int, mode: str, batch_size: int, seq_len: int) -> None:
+        self.corpus, self.epoch, self.seed, self.rate = corpus, epoch, seed, rate
+        self.order = {"seed": seed, "epoch": epoch, "shuffle": shuffle,
+                      "shard_bytes": shard_bytes, "window_bytes": window_bytes}
+        self.rank, self.world, self.mode = rank, world_size, mode
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.peak = 0
+
+    def _held(self, *arrays: np.ndarray | None) -> None:
+        for a in arrays:
+            if a is not None:
+                self.peak = max(self.peak, a.size)
+
+    def run(self, *, own: np.ndarray | None = None, length: int | None = None) -> _Totals:
+        """One pass: counts every rank's kept packets; with ``own``, collects this rank's kept
+        packets into it; with ``length``, every rank's tokens (packed) or batches (packing)
+        over its first ``length`` kept packets, stopping when all are reached (and ``own`` is
+        not being collected)."""
+        W, rank = self.world, self.rank
+        tot = _Totals(np.zeros(W, np.int64), np.zeros(W, np.int64), np.zeros((3, W), np.int64))
+        at = 0  # the epoch position of the window's first packet
+        for win in epoch_windows(self.corpus.base, **self.order):
+            if own is None and length is not None and tot.kept.min() >= length:
+                break
+            packets = win.packets()
+            drop = None
+            if self.rate > 0:
+                drop = drop_ranges(win.starts, win.stops, seed=self.seed, epoch=self.epoch,
+                                   rate=self.rate)
+                drop = drop if win.perm is None else drop[win.perm]
+            self._held(win.perm, packets, drop)
+            if own is not None:
+                first = (rank - at) % W
+                mine = packets[first::W]
+                if drop is not None:
+                    lost = drop[first::W]
+                    tot.dropped += int(lost.sum())
+                    mine = mine[~lost]
+                own[tot.n_own: tot.n_own + mine.shape[0]] = mine
+                tot.n_own += mine.shape[0]
+            if drop is not None or length is not None:
+                kept = _table(np.ones(packets.shape[0], bool) if drop is None else ~drop,
+                              at % W, W, False)
+                self._held(kept)
+                counts = kept.sum(axis=0)
+                if length is not None and self.mode != "padded" and tot.kept.min() < length:
+                    self._tokens(win, packets, kept, at % W, tot, length,
+                                 every=int((tot.kept + counts).max()) <= length)
+                tot.kept += counts
+            at += packets.shape[0]
+        return tot
+
+    def _tokens(self, win: Window, packets: np.ndarray, kept: np.ndarray, off: int,
+                tot: _Totals, length: int, every: bool) -> None:
+        """Add the window's packets that are among their rank's first ``length`` kept ones
+        (``every``: all its kept ones are) to the token sums (packed) or the batch counts
+        (packing)."""
+        W = self.world
+        # a kept packet's place in its rank's share: kept before it, this window and earlier
+        take = kept if every else kept & (np.cumsum(kept, axis=0) + tot.kept <= length)
+        if win.perm is None and win.starts.shape[0] == 1:  # in order: a slice reads fastest
+            tokens = self.corpus.tokens[int(win.starts[0]): int(win.stops[0])]
+        else:
+            tokens = self.corpus.tokens[packets]
+        table = _table(np.asarray(tokens).astype(np.int64, copy=False), off, W, 0)
+        self._held(take, table)
+        if self.mode == "packed":
+            tot.sums += np.where(take, table, 0).sum(axis=0)
+        else:
+            count_batches_by_rank(table.ravel(), take.ravel(), W, self.batch_size,
+                                  self.seq_len, tot.carry)
+
+
+def _table(values: np.ndarray, off: int, width: int, fill: Any) -> np.ndarray:
+    """``values`` laid out row by row in ``width`` columns from flat place ``off`` on, the
+    places before and after them ``fill``."""
+    rows = -(-(off + values.shape[0]) // width)
+    flat = np.full(rows * width, fill, values.dtype)
+    flat[off: off + values.shape[0]] = values
+    return flat.reshape(rows, width)
