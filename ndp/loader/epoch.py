@@ -29,6 +29,11 @@ import numpy as np
 
 from ndp.loader.order import Window, check_drop_rate, drop_ranges, epoch_windows
 from ndp.loader.packing import count_batches_by_rank
+from ndp.loader.truncation import Cut, cut_of
+
+
+class Stopped(Exception):
+    """A pass abandoned by its ``stop`` (a plan made ahead that is no longer wanted)."""
 
 
 @dataclass(frozen=True)
@@ -41,36 +46,43 @@ class EpochPlan:
     dropped: int  #: CRC-Drop: packets of this rank's part of the order dropped on purpose
     balanced: int  #: this rank's kept packets past ``length``
     peak: int  #: the most elements of any per-packet array the pass built (own share aside)
+    #: padded mode: what rows of ``seq_len`` cut from this rank's packets (by the index)
+    cut: Cut | None = None
 
 
 def plan_epoch(corpus: Any, *, epoch: int, seed: int, shuffle: bool, shard_bytes: np.ndarray,
                window_bytes: int | None, rate: float, rank: int, world_size: int, mode: str,
-               batch_size: int, seq_len: int) -> EpochPlan:
+               batch_size: int, seq_len: int, stop: Any = None) -> EpochPlan:
     """This rank's plan of ``epoch`` (see the module docstring): the same packets and counts
-    as building the whole order and every rank's share would give."""
+    as building the whole order and every rank's share would give. ``stop``: a callable,
+    asked before each window, that abandons the pass (``Stopped``) when it returns true."""
     check_drop_rate(rate)
     walk = _Walk(corpus, epoch=epoch, seed=seed, shuffle=shuffle, shard_bytes=shard_bytes,
                  window_bytes=window_bytes, rate=rate, rank=rank, world_size=world_size,
-                 mode=mode, batch_size=batch_size, seq_len=seq_len)
+                 mode=mode, batch_size=batch_size, seq_len=seq_len, stop=stop)
     n, W = int(corpus.n_packets), world_size
     own = np.empty(max(0, (n - rank + W - 1) // W), np.int64)  # this rank's positions
+    # padded: their token counts too, for the cut at seq_len (``ndp.loader.truncation``)
+    own_tokens = np.empty(own.shape[0], np.int32) if mode == "padded" else None
     if rate > 0:
-        counted = walk.run(own=own)
+        counted = walk.run(own=own, own_tokens=own_tokens)
         length, kept, dropped = int(counted.kept.min()), counted.n_own, counted.dropped
         own_done = True
     else:
         length, kept, dropped, own_done = n // W, own.shape[0], 0, False
     if mode == "padded":
         if not own_done:
-            walk.run(own=own)
+            walk.run(own=own, own_tokens=own_tokens)
         batches = -(-length // batch_size)
+        cut = cut_of(own_tokens[:length], seq_len)
     else:
         totals = walk.run(own=None if own_done else own, length=length)
         if mode == "packed":
             batches = int(np.maximum(0, (totals.sums - 1) // (batch_size * seq_len)).min())
         else:
             batches = int(totals.carry[2].min())
-    return EpochPlan(own[:length], length, batches, dropped, kept - length, walk.peak)
+        cut = None
+    return EpochPlan(own[:length], length, batches, dropped, kept - length, walk.peak, cut)
 
 
 @dataclass
@@ -87,59 +99,73 @@ class _Walk:
 
     def __init__(self, corpus: Any, *, epoch: int, seed: int, shuffle: bool,
                  shard_bytes: np.ndarray, window_bytes: int | None, rate: float, rank: int,
-                 world_size: int, mode: str, batch_size: int, seq_len: int) -> None:
+                 world_size: int, mode: str, batch_size: int, seq_len: int,
+                 stop: Any = None) -> None:
         self.corpus, self.epoch, self.seed, self.rate = corpus, epoch, seed, rate
         self.order = {"seed": seed, "epoch": epoch, "shuffle": shuffle,
                       "shard_bytes": shard_bytes, "window_bytes": window_bytes}
         self.rank, self.world, self.mode = rank, world_size, mode
         self.batch_size, self.seq_len = batch_size, seq_len
         self.peak = 0
+        self.stop = stop
 
     def _held(self, *arrays: np.ndarray | None) -> None:
         for a in arrays:
             if a is not None:
                 self.peak = max(self.peak, a.size)
 
-    def run(self, *, own: np.ndarray | None = None, length: int | None = None) -> _Totals:
+    def run(self, *, own: np.ndarray | None = None, length: int | None = None,
+            own_tokens: np.ndarray | None = None) -> _Totals:
         """One pass: counts every rank's kept packets; with ``own``, collects this rank's kept
-        packets into it; with ``length``, every rank's tokens (packed) or batches (packing)
-        over its first ``length`` kept packets, stopping when all are reached (and ``own`` is
-        not being collected)."""
+        packets into it (and with ``own_tokens`` their token counts); with ``length``, every
+        rank's tokens (packed) or batches (packing) over its first ``length`` kept packets,
+        stopping when all are reached (and ``own`` is not being collected)."""
         W, rank = self.world, self.rank
         tot = _Totals(np.zeros(W, np.int64), np.zeros(W, np.int64), np.zeros((3, W), np.int64))
         at = 0  # the epoch position of the window's first packet
         for win in epoch_windows(self.corpus.base, **self.order):
             if own is None and length is not None and tot.kept.min() >= length:
                 break
-            packets = win.packets()
+            if self.stop is not None and self.stop():
+                raise Stopped(f"planning epoch {self.epoch} stopped")
+            size = win.size
             drop = None
             if self.rate > 0:
                 drop = drop_ranges(win.starts, win.stops, seed=self.seed, epoch=self.epoch,
                                    rate=self.rate)
                 drop = drop if win.perm is None else drop[win.perm]
-            self._held(win.perm, packets, drop)
+            self._held(win.perm, drop)
             if own is not None:
                 first = (rank - at) % W
-                mine = packets[first::W]
+                mine = win.every(first, W)
+                self._held(mine)
+                toks = None
+                if own_tokens is not None:  # the padded cut's: this rank's packets' tokens
+                    toks = window_tokens(self.corpus, win)
+                    toks = toks[first::W] if win.perm is None else toks[win.perm[first::W]]
+                    self._held(toks)
                 if drop is not None:
                     lost = drop[first::W]
                     tot.dropped += int(lost.sum())
                     mine = mine[~lost]
+                    toks = None if toks is None else toks[~lost]
                 own[tot.n_own: tot.n_own + mine.shape[0]] = mine
+                if toks is not None:
+                    own_tokens[tot.n_own: tot.n_own + mine.shape[0]] = toks
                 tot.n_own += mine.shape[0]
             if drop is not None or length is not None:
-                kept = _table(np.ones(packets.shape[0], bool) if drop is None else ~drop,
+                kept = _table(np.ones(size, bool) if drop is None else ~drop,
                               at % W, W, False)
                 self._held(kept)
                 counts = kept.sum(axis=0)
                 if length is not None and self.mode != "padded" and tot.kept.min() < length:
-                    self._tokens(win, packets, kept, at % W, tot, length,
+                    self._tokens(win, kept, at % W, tot, length,
                                  every=int((tot.kept + counts).max()) <= length)
                 tot.kept += counts
-            at += packets.shape[0]
+            at += size
         return tot
 
-    def _tokens(self, win: Window, packets: np.ndarray, kept: np.ndarray, off: int,
+    def _tokens(self, win: Window, kept: np.ndarray, off: int,
                 tot: _Totals, length: int, every: bool) -> None:
         """Add the window's packets that are among their rank's first ``length`` kept ones
         (``every``: all its kept ones are) to the token sums (packed) or the batch counts
@@ -147,17 +173,26 @@ class _Walk:
         W = self.world
         # a kept packet's place in its rank's share: kept before it, this window and earlier
         take = kept if every else kept & (np.cumsum(kept, axis=0) + tot.kept <= length)
-        if win.perm is None and win.starts.shape[0] == 1:  # in order: a slice reads fastest
-            tokens = self.corpus.tokens[int(win.starts[0]): int(win.stops[0])]
-        else:
-            tokens = self.corpus.tokens[packets]
-        table = _table(np.asarray(tokens).astype(np.int64, copy=False), off, W, 0)
+        tokens = window_tokens(self.corpus, win)
+        table = _table(tokens if win.perm is None else tokens[win.perm], off, W, 0)
         self._held(take, table)
         if self.mode == "packed":
             tot.sums += np.where(take, table, 0).sum(axis=0)
         else:
             count_batches_by_rank(table.ravel(), take.ravel(), W, self.batch_size,
                                   self.seq_len, tot.carry)
+
+
+def window_tokens(corpus: Any, win: Window) -> np.ndarray:
+    """The token counts of ``win``'s packets before its permutation (int32: a packet holds at
+    most 65,535 tokens): each range (a shard) read as a slice of the corpus' tokens, which reads
+    an index in order (a gather of permuted packet numbers would sort them by shard first)."""
+    out = np.empty(win.size, np.int32)
+    at = 0
+    for a, b in zip(win.starts.tolist(), win.stops.tolist()):
+        out[at: at + b - a] = corpus.tokens[a:b]
+        at += b - a
+    return out
 
 
 def _table(values: np.ndarray, off: int, width: int, fill: Any) -> np.ndarray:

@@ -291,7 +291,7 @@ class Loader:
         With ``mix=`` it may differ from epoch to epoch. An int ``mix_size`` fixes it in
         ``padded`` mode only: it fixes an epoch's packets, ``batch_size`` to a padded batch;
         ``packed`` and ``packing`` batches follow the tokens of each epoch's packets."""
-        return self.plan.share(self.epoch).batches
+        return self.plan.epoch_batches(self.epoch)
 
     @property
     def remaining(self) -> int:
@@ -400,6 +400,7 @@ class Loader:
         if thread is None:
             return
         self._stop.set()
+        self.plan.stop_ahead()
         while thread.is_alive():
             try:  # unblock a producer waiting on a full queue
                 while True:

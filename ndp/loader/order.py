@@ -147,6 +147,16 @@ class Window:
         flat = self.unshuffled()
         return flat if self.perm is None else flat[self.perm]
 
+    def every(self, first: int, step: int) -> np.ndarray:
+        """``packets()[first::step]`` (a rank's packets of the window) without building the
+        rest: each picked place of the concatenated ranges is mapped to its range."""
+        picked = np.arange(first, self.size, step, dtype=np.int64) if self.perm is None \
+            else self.perm[first::step]
+        lengths = self.stops - self.starts
+        ends = np.cumsum(lengths)
+        r = np.searchsorted(ends, picked, side="right")
+        return (self.starts[r] - (ends[r] - lengths[r]) + picked).astype(np.int64, copy=False)
+
 
 def epoch_windows(
     base: np.ndarray,

@@ -29,6 +29,7 @@ with fewer batches per chunk, or more, the Loader delivers the same ones.
 from __future__ import annotations
 
 import copy
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,9 @@ class Share:
     balanced: int = 0  #: packets cut from the share's end so that every rank has as many
     #: an elastic resume (``ndp.loader.elastic``): packets earlier ranks were inside of, given again
     redelivered: int = 0
+    #: padded mode: what rows of ``seq_len`` cut from the share (``ndp.loader.truncation``),
+    #: when the plan's pass counted it (else the cut report gathers it)
+    cut: Any = None
 
 
 class Plan:
@@ -83,9 +87,12 @@ class Plan:
         self.mix_size = mix_size if isinstance(mix_size, str) else int(mix_size)
         self._setup_mix(mix, mix_by)
         self._shares: dict[int, Share] = {}
+        self._batches: dict[int, int] = {}  # each epoch's batch count, once planned
         self._shard_bytes = np.array([s.size for s in corpus.shards], np.int64)
         self._memo_share: np.ndarray | None = None
         self._memo: dict[int, int] = {}
+        self._ahead: threading.Thread | None = None  # planning the next epoch (``plan_ahead``)
+        self._ahead_stop = threading.Event()
         #: an epoch whose rest comes from a run with other ranks (``ndp.loader.elastic.Remainder``)
         self.elastic: Any = None
         #: the most elements of any per-packet array the last epoch's planning built (this
@@ -100,37 +107,84 @@ class Plan:
         other.rank, other.world_size = rank, world_size
         other.batch_size, other.seq_len = batch_size, seq_len
         other._shares, other._memo_share, other._memo = {}, None, {}
+        other._batches = {}
+        other._ahead, other._ahead_stop = None, threading.Event()
         return other
 
     def set_elastic(self, remainder: Any) -> None:
         """Take the rest of ``remainder.epoch`` from ``remainder`` (or nothing: ``None``)."""
+        self.stop_ahead()
         self.elastic = remainder
-        self._shares = {}
+        self._shares, self._batches = {}, {}
+
+    def plan_ahead(self, epoch: int) -> None:
+        """Start planning ``epoch`` on a thread of its own (``ndp-plan``; it ends when done),
+        unless it is planned or being planned: the producer asks for the next epoch when it
+        starts one, so that the epoch's boundary does not wait for a pass over the windows
+        (seconds at 1e8 packets). ``share`` waits for it; ``stop_ahead`` abandons it."""
+        if epoch in self._shares or (self._ahead is not None and self._ahead.is_alive()):
+            return
+        self._ahead_stop.clear()
+
+        def run() -> None:
+            try:
+                self.share(epoch, stop=self._ahead_stop.is_set)
+            except BaseException:  # noqa: BLE001 - stopped, or failed: share() plans it
+                pass  # again when it is needed, and raises there
+
+        thread = threading.Thread(target=run, name="ndp-plan", daemon=True)
+        thread.start()  # then published: a thread that joins it finds it started
+        self._ahead = thread
+
+    def stop_ahead(self) -> None:
+        """Abandon a plan being made ahead, and wait for its thread (at most one window's pass)."""
+        thread = self._ahead
+        if thread is not None:
+            self._ahead_stop.set()
+            thread.join()
+            self._ahead = None
 
     # ------------------------------------------------------------------------------ shares
-    def share(self, epoch: int) -> Share:
-        """This rank's ``Share`` of ``epoch`` (after CRC-Drop, mixing and the rank balance)."""
+    def share(self, epoch: int, *, stop: Any = None) -> Share:
+        """This rank's ``Share`` of ``epoch`` (after CRC-Drop, mixing and the rank balance);
+        ``stop``: a callable that abandons the pass (``ndp.loader.epoch.Stopped``) when true."""
         have = self._shares.get(epoch)
         if have is not None:
             return have
+        ahead = self._ahead
+        if stop is None and ahead is not None and ahead is not threading.current_thread():
+            ahead.join()  # the epoch may be the one being planned ahead: take it when made
+            have = self._shares.get(epoch)
+            if have is not None:
+                return have
         rest = self.elastic if self.elastic is not None and self.elastic.epoch == epoch else None
         if rest is None and self._mix_keys is None:  # a pass over the windows (ndp.loader.epoch)
             walked = plan_epoch(self.corpus, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
                                 shard_bytes=self._shard_bytes, window_bytes=self._window_bytes,
                                 rate=self.crc_drop_rate, rank=self.rank,
                                 world_size=self.world_size, mode=self.mode,
-                                batch_size=self.batch_size, seq_len=self.seq_len)
+                                batch_size=self.batch_size, seq_len=self.seq_len, stop=stop)
             self.peak_plan_elements = walked.peak
             own, m = walked.own, walked.length
             packets = np.concatenate([own, own]) if self.mode == "packed" else own
-            share = Share(packets, m, walked.batches, walked.dropped, {}, {}, walked.balanced)
+            share = Share(packets, m, walked.batches, walked.dropped, {}, {}, walked.balanced,
+                          cut=walked.cut)
         else:
             share = self._share_whole(epoch, rest)
-        # the producer works an epoch ahead of the consumer (and of len()): keep two
+        # the producer works an epoch ahead of the consumer (and of len()), and plans the one
+        # after it ahead: keep two shares, and every batch count
+        self._batches[epoch] = share.batches
         self._shares[epoch] = share
         while len(self._shares) > 2:
             self._shares.pop(next(iter(self._shares)), None)
         return share
+
+    def epoch_batches(self, epoch: int) -> int:
+        """``share(epoch).batches`` (``len(loader)``), without planning the epoch again once
+        planned: the consumer may ask for an epoch whose share the producer, ahead of it, has
+        let go."""
+        have = self._batches.get(epoch)
+        return have if have is not None else self.share(epoch).batches
 
     def _share_whole(self, epoch: int, rest: Any) -> Share:
         """``share`` by building the epoch's whole order and every rank's share: mixing draws

@@ -69,6 +69,7 @@ class Producer:
         plan = self.plan
         epoch, pos, tok, done = state["epoch"], state["pos"], state["tok"], state["batch"]
         sh = plan.share(epoch)
+        plan.plan_ahead(epoch + 1)  # while this one is delivered: no wait at its end
         share, n, cap = sh.packets, sh.packets.shape[0], sh.batches
         fresh = pos == 0 and tok == 0
         pending = {"dropped_on_purpose": sh.dropped} if fresh else {}

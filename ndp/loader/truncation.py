@@ -12,9 +12,10 @@ on either backend); a corrupt packet, dropped as it is decoded, is counted here 
 Pretraining text read as padded rows lost 37% of its tokens in a trial, silently: ``packed``
 windows run across packets and cut nothing. The converter warns past the same share of the
 tokens its own truncation cuts (``ndp.convert.options.TRUNCATION_WARN``).
-Costs one gather of the index's token counts over the share per epoch (0.5 s for 10 M packets
-on a 2-core host), on the consumer's thread when a loop starts the epoch; nothing per batch, no
-device work, no host wait.
+The plan's pass over the epoch's windows (``ndp.loader.epoch``) counts it from the token counts
+it reads window by window, in index order; with mixing or in an elastic remainder (planned
+whole) it is one gather of the share's token counts, on the consumer's thread when a loop
+starts the epoch. Nothing per batch, no device work, no host wait.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def cut_of(tokens: np.ndarray, seq_len: int) -> Cut:
     """The ``Cut`` of rows of ``seq_len`` over packets of ``tokens`` tokens each."""
     if tokens.shape[0] == 0:
         return Cut(0, 0, 0, 0)
-    over = tokens - seq_len
+    over = tokens.astype(np.int64, copy=False) - seq_len
     long = over > 0
     return Cut(int(tokens.sum()), int(over[long].sum()), int(long.sum()), int(tokens.max()))
 
@@ -66,7 +67,8 @@ class CutReport:
             return
         self._epoch = epoch
         share = plan.share(epoch)
-        cut = cut_of(plan.corpus.tokens[share.packets[:share.length]], plan.seq_len)
+        cut = share.cut if share.cut is not None else cut_of(
+            plan.corpus.tokens[share.packets[:share.length]], plan.seq_len)
         self.stats.epoch_tokens, self.stats.epoch_truncated_tokens = cut.tokens, cut.truncated
         if cut.truncated * 100 <= WARN_PERCENT * cut.tokens:
             return

@@ -24,6 +24,9 @@ FIELDS = {"offset": np.int64, "frame_bytes": np.int64, "tokens": np.int64, "src"
 def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
     """Token count of each packet with payload ``length`` and TYP ``typ``, as a valid packet of
     that layout holds (0 for TYPs that carry no tokens)."""
+    if typ.shape[0] and int(typ.min()) == int(typ.max()) and not TYP_MASKED_TABLE[typ[0]]:
+        width = int(TYP_WIDTH_TABLE[typ[0]])  # one unmasked layout (a shard's usual case)
+        return length.astype(np.int64) // width if width else np.zeros(length.shape[0], np.int64)
     length = length.astype(np.int64)
     width = TYP_WIDTH_TABLE[typ].astype(np.int64)
     masked = TYP_MASKED_TABLE[typ] != 0

@@ -238,3 +238,48 @@ def test_batches_counted_per_rank_in_pieces_are_count_batches(rows, row_len):
     for r in range(ranks):
         mine = lengths[r::ranks][take[r::ranks]]
         assert carry[2, r] == count_batches(mine, rows, row_len)
+
+
+def test_a_windows_every_wth_packet_is_picked_without_the_rest(uneven):
+    kw = dict(seed=5, epoch=1, shard_bytes=np.array([s.size for s in uneven.shards]),
+              window_bytes=2000)
+    for shuffle in (True, False):
+        for win in epoch_windows(uneven.base, shuffle=shuffle, block=100, **kw):
+            whole = win.packets()
+            for step in (1, 3, 8):
+                for first in range(step):
+                    assert np.array_equal(win.every(first, step), whole[first::step])
+
+
+def test_the_padded_cut_is_counted_in_the_pass_as_the_share_gives_it(uneven):
+    from ndp.loader.truncation import cut_of
+
+    for rate in (0.0, 0.3):
+        for rank in range(3):
+            plan = plan_of(uneven, mode="padded", rank=rank, world_size=3, rate=rate,
+                           seq_len=11)
+            share = plan.share(1)
+            assert share.cut == cut_of(np.asarray(uneven.tokens[share.packets[:share.length]]),
+                                       11)
+            assert share.cut.truncated > 0
+
+
+def test_the_next_epoch_is_planned_ahead_and_a_closed_loader_leaves_no_planner(uneven):
+    """The producer plans epoch e + 1 on a thread of its own when it starts epoch e, so that
+    the boundary does not wait for a pass over the windows (seconds at 1e8 packets)."""
+    import threading
+
+    from ndp.loader.loader import Loader
+
+    loader = Loader(uneven.paths, batch_size=3, seq_len=24, mode="packed", backend="cpu",
+                    output="arrays", seed=5, shuffle_window=2000)
+    it = iter(loader)
+    next(it)
+    thread = loader.plan._ahead
+    assert thread is not None and thread.name == "ndp-plan"
+    thread.join(timeout=60)
+    assert 1 in loader.plan._shares  # made while epoch 0 is delivered
+    want = plan_of(uneven, mode="packed").share(1)
+    assert np.array_equal(loader.plan._shares[1].packets, want.packets)
+    loader.close()
+    assert not [t for t in threading.enumerate() if t.name == "ndp-plan"]
