@@ -336,3 +336,69 @@ def test_cpu_breakdown_smoke_run(tmp_path, resident):
         for stage in ("stage", "verdicts", "layout", "build", "consumer"):
             assert ns[stage] > 0, (row["mode"], stage)
         assert sum(ns[k] for k in ("stage", "verdicts", "layout", "build")) < ns["process"]
+
+
+def test_scale_benchmark_quick_run_measures_every_cost(tmp_path):
+    """``bench_scale.py --quick``: 1e4 and 1e5 documents generated and indexed, rank 0 of 1 and
+    of 2, both ranks at once; every figure in the file is a real measurement, and the docs'
+    scale table and chart render it."""
+    import math
+
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_scale.py"), "--quick", "--modes",
+                           "packed,packing", "--data", str(tmp_path / "data"), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (path,) = (tmp_path / "out").glob("scale-*.json")
+    report = json.loads(path.read_text())
+    assert report["benchmark"] == "scale" and "--quick" in report["command"]
+    assert report["machine"]["versions"]["numba"] and report["date"]
+
+    def measured(value):
+        return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+    sizes = [10_000, 100_000]
+    assert [d["documents"] for d in report["datasets"]] == sizes
+    for d, idx in zip(report["datasets"], report["index"]):
+        assert d["verify"]["ok"] and d["bytes"] == 32 + d["documents"] * (8 + 2 * 16)
+        assert idx["packets"] == idx["documents"] and idx["corrupt"] == 0
+        assert measured(idx["seconds"]) and measured(idx["peak_rss_mb"])
+    records = {(r["documents"], r["mode"], r["world"], r["which"]): r for r in report["records"]}
+    assert set(records) == {(n, m, w, which) for n in sizes for m in ("packed", "packing")
+                            for w, which in ((1, "rank 0"), (2, "rank 0"), (2, "node"))}
+    for (n, mode, world, which), r in records.items():
+        if which == "node":
+            assert r["ranks"] == 2
+            keys = ["open_plus_first_s", "peak_rss_mb", "peak_rss_max_rank_mb"]
+        else:
+            keys = ["open_s", "first_batch_s", "open_plus_first_s", "rss_after_first_batch_mb",
+                    "peak_rss_mb", "next_p50_ms", "next_p99_ms", "next_max_ms",
+                    "boundary_step_ms"]
+            assert r["packets"] == n and r["corrupt_packets"] == 0
+            # the batches before and after the boundary, the boundary step one of them
+            assert r["next_samples"] == r["timed_before"] + r["timed_after"] >= 4
+            assert r["next_max_ms"] >= r["next_p99_ms"] >= r["next_p50_ms"]
+        for key in keys:
+            assert measured(r[key]), (n, mode, world, which, key, r[key])
+    # the resume state built from the index is the one iterating to it gives
+    assert all(r["state_checked_by_iterating"] for r in report["records"]
+               if r["which"] == "rank 0")
+    fits = report["model"]["fits"]
+    assert "not a measurement" in report["model"]["label"] and fits
+    for f in fits:
+        assert math.isfinite(f["slope"]) and measured(f["at_model_documents"])
+        assert f["sizes"] == sizes
+
+    sys.path.insert(0, str(BENCH.parent / "docs" / "plugins"))
+    try:
+        import charts  # matplotlib is imported when a chart is drawn
+        import results
+        import tables
+    finally:
+        sys.path.remove(str(BENCH.parent / "docs" / "plugins"))
+    loaded, skipped = results.load(tmp_path / "out")
+    assert [r.name for r in loaded] == [path.name] and not skipped
+    assert results.kinds_of(path.name, report) == ["scale"]
+    text = tables.render("scale", loaded[0], "performance/scale.md")
+    assert "n/a" not in text.split("**Model")[0] and "1e5" in text
+    pytest.importorskip("matplotlib")
+    assert charts.scale(loaded[0])[:8] == b"\x89PNG\r\n\x1a\n"

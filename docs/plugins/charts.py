@@ -1,8 +1,10 @@
 """The performance pages' charts, drawn from results files at build time (matplotlib, Agg).
 
 Bars start at zero on a linear axis, so their lengths compare; a figure a file lacks gets no
-bar. Each chart's title names the machine and the date its file records, and the page prints
-the same under it with the file's name.
+bar. The scale chart is the exception: costs against documents on log-log axes, lines through
+the sizes measured (a power law is a straight line there), the model's extrapolation dotted and
+its point hollow. Each chart's title names the machine and the date its file records, and the
+page prints the same under it with the file's name.
 """
 
 from __future__ import annotations
@@ -143,6 +145,83 @@ def gpu(result: Result) -> bytes:
     return _png(fig)
 
 
+#: the scale chart's panels: (record key or "index", the model's metric, axis label)
+SCALE_PANELS = [("open_plus_first_s", "open_plus_first_s", "open + first batch (s)"),
+                ("peak_rss_mb", "peak_rss_growth_mb", "peak RSS (MB)"),
+                ("next_p99_ms", "next_p99_ms", "next() p99 across the epoch boundary (ms)"),
+                ("boundary_step_ms", "boundary_step_ms", "the step across the boundary (ms)"),
+                ("index", "index_s", "ndp index --write-manifest (s)")]
+
+
+def scale(result: Result) -> bytes:
+    """Costs against documents, log-log, one line per mode and world size (rank 0 solid, a
+    node's runs dashed, one colour per line in every panel), the model at its document count
+    dotted with a hollow point (``bench_scale.py``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rep = result.report
+    records = [r for r in rep["records"] if isinstance(r, dict)
+               and is_number(r.get("documents"))]
+    mdl = rep.get("model") if isinstance(rep.get("model"), dict) else {}
+    fits = [f for f in mdl.get("fits", []) if isinstance(f, dict)]
+    at = mdl.get("documents")
+    lines: dict[tuple, list[dict]] = {}
+    for r in records:
+        lines.setdefault((str(r.get("which")), str(r.get("mode")), r.get("world")), []).append(r)
+    lines[("ndp index", "", None)] = [{"documents": d.get("documents"), "index": d.get("seconds")}
+                                      for d in rep.get("index", []) if isinstance(d, dict)]
+    order = sorted(lines, key=lambda k: (k[0] == "ndp index", k[0] == "node", str(k[2]),
+                                         k[1]))
+    colors = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(order)}
+    names = {k: "ndp index" if k[0] == "ndp index" else
+             f"{k[1]}, {'rank 0 of' if k[0] == 'rank 0' else 'node of'} {k[2]}" for k in order}
+    fig, grid = plt.subplots(2, 3, figsize=(13, 7.5))
+    handles: dict[tuple, object] = {}
+    for ax, (key, metric, label) in zip(grid.flat, SCALE_PANELS):
+        for k in order:
+            which, mode, world = k
+            if (key == "index") != (which == "ndp index"):
+                continue
+            if which == "node" and key not in ("open_plus_first_s", "peak_rss_mb"):
+                continue
+            points = sorted((r["documents"], r.get(key)) for r in lines[k]
+                            if is_number(r.get("documents")) and is_number(r.get(key))
+                            and r.get(key) > 0)
+            if not points:
+                continue
+            (line,) = ax.plot([p[0] for p in points], [p[1] for p in points],
+                              "--" if which == "node" else "-", marker="o", markersize=4,
+                              color=colors[k])
+            handles.setdefault(k, line)
+            fit = next((f for f in fits if f.get("metric") == metric and f.get("which") == which
+                        and (f.get("mode") or "") == mode and f.get("world") == world), None)
+            value = None if fit is None else fit.get("peak_rss_mb_at_model_documents",
+                                                     fit.get("at_model_documents"))
+            if is_number(at) and is_number(value) and value > 0 and which != "node":
+                ax.plot([points[-1][0], at], [points[-1][1], value], ":", color=colors[k])
+                ax.plot([at], [value], "o", markerfacecolor="none", color=colors[k])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("documents")
+        ax.set_title(label, fontsize=9)
+        ax.grid(which="both", alpha=0.3)
+        if not ax.lines:
+            ax.annotate("no figures in this file", (0.5, 0.5), xycoords="axes fraction",
+                        ha="center", color="grey")
+    legend = grid.flat[-1]
+    legend.axis("off")
+    shown = [k for k in order if k in handles]
+    legend.legend([handles[k] for k in shown], [names[k] for k in shown], loc="center",
+                  fontsize=8, title="solid: rank 0; dashed: a node's ranks at once; "
+                  "dotted to a hollow point: the model", title_fontsize=7)
+    note = f"; the model at {at:.2g} documents" if is_number(at) else ""
+    fig.suptitle(f"Costs against documents (log-log{note}): {_title(result)}", fontsize=10)
+    return _png(fig)
+
+
 #: kind -> the function that draws the newest file of that kind
 CHARTS = {"loaders": loaders, "decode": decode, "breakdown": breakdown, "remote": remote,
-          "gpu": gpu, "gpu-loader": gpu}
+          "gpu": gpu, "gpu-loader": gpu, "scale": scale}

@@ -6,8 +6,8 @@ with the file's name, the command that made it, its machine and its date, and a 
 lacks is printed as ``n/a``. A file is sorted into the kinds of result it holds by the same
 rules as ``notebooks/benchmark.ipynb`` (a ``decode`` list, a ``loader`` list, ``pipelines``,
 ...), plus the kinds the notebook does not show (remote, shuffle, training A/B, bad inputs,
-the simulator's accounting). Standard library only: the hook imports it at every build, and
-``python docs/plugins/headline.py`` without ndp installed.
+the simulator's accounting, scale). Standard library only: the hook imports it at every build,
+and ``python docs/plugins/headline.py`` without ndp installed.
 """
 
 from __future__ import annotations
@@ -123,6 +123,8 @@ def kinds_of(name: str, report: dict) -> list[str]:
         kinds.append("train")
     if name.startswith("bad-inputs-") and isinstance(report.get("cases"), list):
         kinds.append("bad-inputs")
+    if name.startswith("scale-") and isinstance(report.get("records"), list):
+        kinds.append("scale")
     return kinds
 
 
