@@ -186,11 +186,14 @@ class _Walk:
 def window_tokens(corpus: Any, win: Window) -> np.ndarray:
     """The token counts of ``win``'s packets before its permutation (int32: a packet holds at
     most 65,535 tokens): each range (a shard) read as a slice of the corpus' tokens, which reads
-    an index in order (a gather of permuted packet numbers would sort them by shard first)."""
+    an index in order (a gather of permuted packet numbers would sort them by shard first), in
+    passing (``Column.passing``: the pass does not push the decoder's entries out)."""
     out = np.empty(win.size, np.int32)
+    tokens = corpus.tokens
+    passing = getattr(tokens, "passing", None)  # a corpus' Column: read without holding
     at = 0
     for a, b in zip(win.starts.tolist(), win.stops.tolist()):
-        out[at: at + b - a] = corpus.tokens[a:b]
+        out[at: at + b - a] = passing(a, b) if passing is not None else tokens[a:b]
         at += b - a
     return out
 

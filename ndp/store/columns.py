@@ -98,7 +98,7 @@ class Column:
             at = slice(a, b) if order is None else order[a:b]
             out[at] = self._values(s, flat[at] - base[s])
 
-    def _range(self, start: int, stop: int) -> np.ndarray:
+    def _range(self, start: int, stop: int, passing: bool = False) -> np.ndarray:
         """Packets ``start`` to ``stop``: each shard's part as a slice of its index."""
         base = self._corpus.base
         out = np.empty(stop - start, self.dtype)
@@ -106,16 +106,24 @@ class Column:
         at = start
         while at < stop:
             end = min(stop, int(base[s + 1]))
-            out[at - start: end - start] = self._values(s, slice(at - base[s], end - base[s]))
+            out[at - start: end - start] = self._values(s, slice(at - base[s], end - base[s]),
+                                                        passing)
             at, s = end, s + 1
         return out
 
-    def _values(self, s: int, local: Any) -> np.ndarray:
+    def passing(self, start: int, stop: int) -> np.ndarray:
+        """``self[start:stop]`` for a reader passing through every shard once (the plan's
+        pass over an epoch): shards' entries not held are read without being held
+        (``ndp.store.lazy.LazyIndex.passing``)."""
+        return self._range(start, max(start, stop), passing=True)
+
+    def _values(self, s: int, local: Any, passing: bool = False) -> np.ndarray:
         field = self.field
         if field == "group":
             n = local.stop - local.start if isinstance(local, slice) else local.shape[0]
             return np.full(n, self._corpus.shard_group[s], np.int64)
-        entries = self._corpus.indexes[s].entries
+        index = self._corpus.indexes[s]
+        entries = index.passing() if passing and hasattr(index, "passing") else index.entries
         if field == "tokens":
             picked = entries[local]
             return tokens_of(picked["length"], picked["typ"])

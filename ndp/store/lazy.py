@@ -162,12 +162,32 @@ class LazyIndex:
                     self._read = True
         return got
 
+    def passing(self) -> np.ndarray:
+        """The entries for a reader passing through every shard once (the plan's pass over an
+        epoch): the held ones if held, else (once checked) read without being held, so that the
+        pass does not push out the entries the decoder is using."""
+        got = self._pinned
+        if got is None:
+            got = self._cache.get(id(self))
+        if got is None and self._read:
+            with self._lock:
+                got = self._pinned if self._pinned is not None else self._read_entries()
+        return got if got is not None else self.entries
+
     @property
     def offsets(self) -> np.ndarray:
         return self.entries["offset"].astype(np.int64)
 
     def _map(self) -> np.ndarray:
         """The entries, read and checked (``IndexMismatchError`` if they fail)."""
+        entries = self._read_entries()
+        check_structure(Index(entries, self.shard_size, self.shard_crc32, self.data_offset),
+                        self.shard, where=self.path, headers=False)
+        return entries
+
+    def _read_entries(self) -> np.ndarray:
+        """The entries as the file holds them now, its header the one the dataset was opened
+        with (``IndexMismatchError`` otherwise)."""
         path = self.path
         with path.open("rb") as f:
             head = f.read(INDEX_HEADER_BYTES)
@@ -181,15 +201,14 @@ class LazyIndex:
         if entries.shape[0] != self._n:
             raise IndexMismatchError(f"{path}: cut short while read. Rebuild it with "
                                      f"'ndp index {self.shard.path}'.")
-        check_structure(Index(entries, self.shard_size, self.shard_crc32, self.data_offset),
-                        self.shard, where=path, headers=False)
         return entries
 
     def _load(self) -> np.ndarray:
         """``_map`` into the cache, or where the entries fail their checks a scan of the shard
         that finds as many packets, held for good (see the module docstring)."""
-        try:
-            entries = self._map()
+        try:  # checked the first time; read again after the cache let go of them, the
+            # header compared (a file replaced since then is caught as its packets are decoded)
+            entries = self._read_entries() if self._read else self._map()
             self._cache.put(id(self), entries)
             return entries
         except IndexMismatchError as err:  # an OSError (no permission now) is raised as it is

@@ -197,3 +197,20 @@ def test_the_entries_held_are_bounded_in_bytes_and_read_again_when_asked(twelve_
     assert cache.reads == 12
     corpus.tokens[np.arange(0, 10)]  # the first: dropped, read again
     assert cache.reads == 13 and cache.held_bytes <= 3 * one
+
+
+def test_a_pass_through_every_shard_does_not_push_out_the_entries_in_use(twelve_shards):
+    """The plan's pass over an epoch reads every shard's entries (``Column.passing``); once a
+    shard was checked, the pass reads it without holding it, so the decoder's shards stay."""
+    path, specs = twelve_shards
+    corpus = Corpus(path)
+    cache = corpus.entry_cache
+    cache.budget = 3 * 10 * INDEX_ENTRY_DTYPE.itemsize
+    want = [len(s.tokens) for s in specs]
+    assert corpus.tokens.passing(0, 120).tolist() == want  # first reads: checked, held
+    corpus.tokens[np.arange(0, 30)]  # the decoder's three shards
+    reads = cache.reads
+    assert corpus.tokens.passing(0, 120).tolist() == want
+    assert cache.reads == reads  # read in passing: not through the cache
+    corpus.tokens[np.arange(0, 30)]
+    assert cache.reads == reads  # still held
