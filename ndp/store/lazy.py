@@ -6,10 +6,10 @@ number of packets. The entries stay on disk until a reader asks for them (the pl
 shuffle window holding the shard, a decode, an export); they are read then (not memory-mapped:
 a mapping holds a file descriptor for as long as it lives, see ``ndp.store.files``) into an
 ``EntryCache`` that holds at most ``budget`` bytes of them for the whole corpus (the least
-recently used shard's go first, and are read again when asked for), and each read gets the
-structural checks of ``ndp.store.index.check_structure`` (entries inside the file, in order,
-not overlapping, no packet left out between them, the entries that a gap follows matching their
-packets' headers). An index that fails them then is scanned again (a warning; on
+recently used shard's go first, and are read again when asked for, their header compared). The
+first read gets the structural checks of ``ndp.store.index.check_structure`` (entries inside
+the file, in order, not overlapping, no packet left out between them, the entries that a gap
+follows matching their packets' headers). An index that fails them then is scanned again (a warning; on
 ``on_stale="error"`` an ``IndexMismatchError``) if the scan finds as many packets as the header
 said, since packets are numbered by those counts from the open on; else the error names the
 index and says to rebuild it.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ndp.errors import IndexMismatchError
+from ndp.errors import ConfigError, IndexMismatchError
 from ndp.store.index import (
     Index,
     ScanResult,
@@ -48,7 +48,14 @@ DEFAULT_CACHE_BYTES = 512 << 20
 def cache_budget() -> int:
     """``NDP_INDEX_CACHE_BYTES`` if set, else ``DEFAULT_CACHE_BYTES``."""
     raw = os.environ.get("NDP_INDEX_CACHE_BYTES")
-    return DEFAULT_CACHE_BYTES if not raw else max(0, int(raw))
+    if not raw:
+        return DEFAULT_CACHE_BYTES
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        raise ConfigError(f"NDP_INDEX_CACHE_BYTES={raw!r}: give a number of bytes (the index "
+                          f"entries a dataset holds at once; default {DEFAULT_CACHE_BYTES})"
+                          ) from None
 
 
 class EntryCache:
@@ -122,7 +129,7 @@ class LazyIndex:
                 f"{path}: made for a {shard_size}-byte shard, {shard.path} has {shard.size} "
                 f"bytes (stale index). Rebuild it with 'ndp index {shard.path}'.")
         if n == 0:  # nothing to read: the one gap (the whole shard) is checked now
-            index._pinned = index._map()
+            index._pinned = index._read_checked()
             index._read = True
         return index
 
@@ -178,7 +185,7 @@ class LazyIndex:
     def offsets(self) -> np.ndarray:
         return self.entries["offset"].astype(np.int64)
 
-    def _map(self) -> np.ndarray:
+    def _read_checked(self) -> np.ndarray:
         """The entries, read and checked (``IndexMismatchError`` if they fail)."""
         entries = self._read_entries()
         check_structure(Index(entries, self.shard_size, self.shard_crc32, self.data_offset),
@@ -204,11 +211,11 @@ class LazyIndex:
         return entries
 
     def _load(self) -> np.ndarray:
-        """``_map`` into the cache, or where the entries fail their checks a scan of the shard
-        that finds as many packets, held for good (see the module docstring)."""
+        """``_read_checked`` into the cache, or where the entries fail their checks a scan of
+        the shard that finds as many packets, held for good (see the module docstring)."""
         try:  # checked the first time; read again after the cache let go of them, the
             # header compared (a file replaced since then is caught as its packets are decoded)
-            entries = self._read_entries() if self._read else self._map()
+            entries = self._read_entries() if self._read else self._read_checked()
             self._cache.put(id(self), entries)
             return entries
         except IndexMismatchError as err:  # an OSError (no permission now) is raised as it is

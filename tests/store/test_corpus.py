@@ -214,3 +214,13 @@ def test_a_pass_through_every_shard_does_not_push_out_the_entries_in_use(twelve_
     assert cache.reads == reads  # read in passing: not through the cache
     corpus.tokens[np.arange(0, 30)]
     assert cache.reads == reads  # still held
+
+
+def test_a_bad_index_cache_size_is_a_named_error(twelve_shards, monkeypatch):
+    from ndp.errors import ConfigError
+
+    monkeypatch.setenv("NDP_INDEX_CACHE_BYTES", "lots")
+    with pytest.raises(ConfigError, match="NDP_INDEX_CACHE_BYTES='lots'"):
+        Corpus(twelve_shards[0])
+    monkeypatch.setenv("NDP_INDEX_CACHE_BYTES", "1000")
+    assert Corpus(twelve_shards[0]).entry_cache.budget == 1000
