@@ -45,7 +45,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -110,30 +109,14 @@ def ndp_commit() -> str:
 
 
 def machine() -> dict:
-    import numba
-
+    """``bench_cpu.machine()`` (it imports ndp: called in the driver only, never where a worker
+    times ``import ndp``), with the commit and path of the ndp measured (a copy's too)."""
     import ndp
+    from bench_cpu import machine as common
 
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        from ndp.engine.threads import get_num_threads
-
-        threads = get_num_threads()
-    except ImportError:
-        threads = None
-    return {"hostname": platform.node(), "platform": platform.platform(), "cpu": cpu,
-            "cores": os.cpu_count(), "memory_gb": round(memory_mb() / 1024, 1),
-            "ndp_threads": threads,
-            "versions": {"python": platform.python_version(), "numpy": np.__version__,
-                         "numba": numba.__version__},
-            "ndp_commit": ndp_commit(), "ndp_path": str(Path(ndp.__file__).resolve().parent)}
+    out = common()
+    out.update(ndp_commit=ndp_commit(), ndp_path=str(Path(ndp.__file__).resolve().parent))
+    return out
 
 
 def fit(points: list[tuple[float, float]]) -> dict | None:
