@@ -400,7 +400,7 @@ class Loader:
         if thread is None:
             return
         self._stop.set()
-        self.plan.stop_ahead()
+        self.plan.stop_ahead()  # first: the producer may be waiting for that plan
         while thread.is_alive():
             try:  # unblock a producer waiting on a full queue
                 while True:
@@ -408,4 +408,5 @@ class Loader:
             except queue.Empty:
                 pass
             thread.join(timeout=0.05)
+        self.plan.stop_ahead()  # and one it started since
         self._thread = None

@@ -93,6 +93,7 @@ class Plan:
         self._memo: dict[int, int] = {}
         self._ahead: threading.Thread | None = None  # planning the next epoch (``plan_ahead``)
         self._ahead_stop = threading.Event()
+        self._store = threading.Lock()  # guards _shares and _batches
         #: an epoch whose rest comes from a run with other ranks (``ndp.loader.elastic.Remainder``)
         self.elastic: Any = None
         #: the most elements of any per-packet array the last epoch's planning built (this
@@ -109,6 +110,7 @@ class Plan:
         other._shares, other._memo_share, other._memo = {}, None, {}
         other._batches = {}
         other._ahead, other._ahead_stop = None, threading.Event()
+        other._store = threading.Lock()
         return other
 
     def set_elastic(self, remainder: Any) -> None:
@@ -152,7 +154,7 @@ class Plan:
         if have is not None:
             return have
         ahead = self._ahead
-        if stop is None and ahead is not None and ahead is not threading.current_thread():
+        if ahead is not None and ahead is not threading.current_thread():
             ahead.join()  # the epoch may be the one being planned ahead: take it when made
             have = self._shares.get(epoch)
             if have is not None:
@@ -173,10 +175,11 @@ class Plan:
             share = self._share_whole(epoch, rest)
         # the producer works an epoch ahead of the consumer (and of len()), and plans the one
         # after it ahead: keep two shares, and every batch count
-        self._batches[epoch] = share.batches
-        self._shares[epoch] = share
-        while len(self._shares) > 2:
-            self._shares.pop(next(iter(self._shares)), None)
+        with self._store:  # the producer, the consumer and the plan made ahead
+            self._batches[epoch] = share.batches
+            self._shares[epoch] = share
+            while len(self._shares) > 2:
+                self._shares.pop(next(iter(self._shares)), None)
         return share
 
     def epoch_batches(self, epoch: int) -> int:

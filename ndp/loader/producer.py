@@ -68,7 +68,7 @@ class Producer:
         stopped)."""
         plan = self.plan
         epoch, pos, tok, done = state["epoch"], state["pos"], state["tok"], state["batch"]
-        sh = plan.share(epoch)
+        sh = plan.share(epoch, stop=stop.is_set)  # a stopped producer abandons the pass
         plan.plan_ahead(epoch + 1)  # while this one is delivered: no wait at its end
         share, n, cap = sh.packets, sh.packets.shape[0], sh.batches
         fresh = pos == 0 and tok == 0

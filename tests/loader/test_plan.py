@@ -283,3 +283,17 @@ def test_the_next_epoch_is_planned_ahead_and_a_closed_loader_leaves_no_planner(u
     assert np.array_equal(loader.plan._shares[1].packets, want.packets)
     loader.close()
     assert not [t for t in threading.enumerate() if t.name == "ndp-plan"]
+
+
+def test_a_pass_asked_to_stop_stops_and_stores_nothing(uneven):
+    """What ``Loader.close`` does to a plan being made ahead, or to a producer planning when
+    it is stopped: the pass gives up before its next window."""
+    from ndp.loader.epoch import Stopped
+
+    plan = plan_of(uneven, mode="packed", world_size=3)
+    with pytest.raises(Stopped):
+        plan.share(1, stop=lambda: True)
+    assert 1 not in plan._shares
+    asked = []
+    plan.share(1, stop=lambda: asked.append(1) and False)
+    assert len(asked) >= 6 and 1 in plan._shares  # asked before every window
