@@ -115,16 +115,13 @@ def kinds_of(name: str, report: dict) -> list[str]:
         kinds.append("gpu-loader")
     elif name.startswith("gpu-") and isinstance(report.get("results"), dict):
         kinds.append("gpu")
-    if name.startswith("remote-") and isinstance(report.get("rows"), list):
-        kinds.append("remote")
-    if name.startswith("shuffle-") and isinstance(report.get("rows"), dict):
-        kinds.append("shuffle")
-    if name.startswith("train-ab-") and isinstance(report.get("runs"), dict):
-        kinds.append("train")
-    if name.startswith("bad-inputs-") and isinstance(report.get("cases"), list):
-        kinds.append("bad-inputs")
-    if name.startswith("scale-") and isinstance(report.get("records"), list):
-        kinds.append("scale")
+    for prefix, kind, key, typ in (("remote-", "remote", "rows", list),
+                                   ("shuffle-", "shuffle", "rows", dict),
+                                   ("train-ab-", "train", "runs", dict),
+                                   ("bad-inputs-", "bad-inputs", "cases", list),
+                                   ("scale-", "scale", "records", list)):
+        if name.startswith(prefix) and isinstance(report.get(key), typ):
+            kinds.append(kind)
     return kinds
 
 
