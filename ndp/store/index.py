@@ -194,11 +194,7 @@ def check_index(index: Index, shard: Shard, *, index_path: Path | None = None,
         raise ValueError(f"verify must be one of {INDEX_CHECKS}, got {verify!r}")
     where = index_path or shard.index_path
     hint = f"Rebuild it with 'ndp index {shard.path}'."
-    if index.shard_size != shard.size:
-        raise IndexMismatchError(
-            f"{where}: made for a {index.shard_size}-byte shard, {shard.path} has "
-            f"{shard.size} bytes (stale index). {hint}"
-        )
+    check_size(index.shard_size, shard, where)
     crc = shard.crc32() if verify == "full" else index.shard_crc32
     if index.shard_crc32 != crc:
         raise IndexMismatchError(
@@ -206,6 +202,15 @@ def check_index(index: Index, shard: Shard, *, index_path: Path | None = None,
             f"{shard.path} changed since it was indexed (stale index). {hint}"
         )
     check_structure(index, shard, where=where, headers=verify == "full")
+
+
+def check_size(shard_size: int, shard: Shard, where: Path | str) -> None:
+    """``IndexMismatchError`` unless an index (at ``where``) made for a ``shard_size``-byte
+    shard sits beside a shard of that size."""
+    if shard_size != shard.size:
+        raise IndexMismatchError(
+            f"{where}: made for a {shard_size}-byte shard, {shard.path} has {shard.size} bytes "
+            f"(stale index). Rebuild it with 'ndp index {shard.path}'.")
 
 
 def check_structure(index: Index, shard: Shard, *, where: Path | str | None = None,

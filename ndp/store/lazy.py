@@ -30,6 +30,7 @@ from ndp.errors import ConfigError, IndexMismatchError
 from ndp.store.index import (
     Index,
     ScanResult,
+    check_size,
     check_structure,
     index_or_scan,
     load_index_and_scan,
@@ -108,6 +109,9 @@ class LazyIndex:
         self._pinned: np.ndarray | None = None
         self._read = False
         self._lock = threading.Lock()
+        #: the first entry's packet offset as the file gave it at open, unchecked (-1 for
+        #: none): what ``ndp.store.corpus.no_data`` looks at
+        self.first_offset = -1
 
     @classmethod
     def open(cls, shard: Shard, *, on_stale: str = "rebuild",
@@ -118,16 +122,16 @@ class LazyIndex:
         (``FileNotFoundError``/``OSError`` as reading it raises them). ``found`` is given the
         scan of an index that fails its checks when first used."""
         path = shard.index_path
-        with path.open("rb") as f:
-            head = f.read(INDEX_HEADER_BYTES)
+        with path.open("rb") as f:  # the header, and the first entry for ``first_offset``
+            head = f.read(INDEX_HEADER_BYTES + INDEX_ENTRY_DTYPE.itemsize)
             size = os.fstat(f.fileno()).st_size
-        n, shard_size, crc, data_offset = parse_header(head, size, path)
+        n, shard_size, crc, data_offset = parse_header(head[:INDEX_HEADER_BYTES], size, path)
         index = cls(shard, path, n, shard_size, crc, data_offset, on_stale=on_stale,
                     found=found, cache=EntryCache() if cache is None else cache)
-        if shard_size != shard.size:  # ``check_index``'s size check (crc32: verify="full")
-            raise IndexMismatchError(
-                f"{path}: made for a {shard_size}-byte shard, {shard.path} has {shard.size} "
-                f"bytes (stale index). Rebuild it with 'ndp index {shard.path}'.")
+        check_size(shard_size, shard, path)  # ``check_index``'s (crc32: verify="full" only)
+        if n:  # the file's length matched the header: the first entry is there
+            index.first_offset = int(np.frombuffer(head, INDEX_ENTRY_DTYPE,
+                                                   offset=INDEX_HEADER_BYTES)["offset"][0])
         if n == 0:  # nothing to read: the one gap (the whole shard) is checked now
             index._pinned = index._read_checked()
             index._read = True
@@ -140,20 +144,6 @@ class LazyIndex:
     def loaded(self) -> bool:
         """Whether the entries were read (and checked) yet."""
         return self._read
-
-    @property
-    def first_offset(self) -> int:
-        """The first entry's packet offset (-1 for none), read from the file unchecked: what
-        ``ndp.store.corpus.no_data`` looks at when the dataset is opened."""
-        if self._n == 0:
-            return -1
-        with self.path.open("rb") as f:
-            f.seek(INDEX_HEADER_BYTES)
-            raw = f.read(INDEX_ENTRY_DTYPE.itemsize)
-        if len(raw) < INDEX_ENTRY_DTYPE.itemsize:
-            raise IndexMismatchError(f"{self.path}: cut short since it was opened. Rebuild it "
-                                     f"with 'ndp index {self.shard.path}'.")
-        return int(np.frombuffer(raw, INDEX_ENTRY_DTYPE)["offset"][0])
 
     @property
     def entries(self) -> np.ndarray:
