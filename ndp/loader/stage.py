@@ -22,6 +22,7 @@ import numpy as np
 
 from ndp.store.corpus import Corpus
 from ndp.engine.cpu import Slot, Staged
+from ndp.wire.format import FRAME_BYTES
 
 
 class HostStager:
@@ -45,11 +46,12 @@ class HostStager:
         corpus = self.corpus
         n = packets.shape[0]
         shard_ids = corpus.shard_of(packets)
-        offsets = corpus.offsets[packets]
+        entries = corpus.entries_at(packets, shard_ids)  # one gather for both fields
+        offsets = entries["offset"].astype(np.int64)
         if self._whole is not None:
             base = self._base[shard_ids]
             return Staged(self._whole, offsets + base, self._base[shard_ids + 1], n)
-        sizes = corpus.frame_bytes[packets]
+        sizes = entries["length"].astype(np.int64) + FRAME_BYTES
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(starts[-1])
         if self._buffer.shape[0] < total:

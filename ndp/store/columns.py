@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from ndp.wire.format import FRAME_BYTES, MASK_COUNT_BYTES, TYP_MASKED_TABLE, TYP_WIDTH_TABLE
+from ndp.wire.format import (
+    FRAME_BYTES,
+    INDEX_ENTRY_DTYPE,
+    MASK_COUNT_BYTES,
+    TYP_MASKED_TABLE,
+    TYP_WIDTH_TABLE,
+)
 
 #: the fields a ``Column`` reads, and their dtypes
 FIELDS = {"offset": np.int64, "frame_bytes": np.int64, "tokens": np.int64, "src": np.uint8,
@@ -84,19 +90,18 @@ class Column:
         return out.reshape(want.shape)
 
     def _gather(self, flat: np.ndarray, out: np.ndarray) -> None:
-        base = self._corpus.base
-        ids = np.searchsorted(base, flat, side="right") - 1
-        if ids.shape[0] > 1 and (ids[1:] < ids[:-1]).any():  # not in shard order: sort
-            order = np.argsort(ids.astype(np.uint16) if base.shape[0] <= 1 << 16 else ids,
-                               kind="stable")  # a radix sort for 16-bit keys: O(n)
-            ids = ids[order]
+        if self.field == "group":
+            out[:] = self._corpus.shard_group[self._corpus.shard_of(flat)]
         else:
-            order = None
-        cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
-        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), ids.shape[0]]):
-            s = int(ids[a])
-            at = slice(a, b) if order is None else order[a:b]
-            out[at] = self._values(s, flat[at] - base[s])
+            out[:] = self._of(entries_at(self._corpus, flat))
+
+    def _of(self, entries: np.ndarray) -> np.ndarray:
+        """This column's field of ``entries`` (``INDEX_ENTRY_DTYPE``)."""
+        if self.field == "tokens":
+            return tokens_of(entries["length"], entries["typ"])
+        if self.field == "frame_bytes":
+            return entries["length"].astype(np.int64) + FRAME_BYTES
+        return entries[self.field]
 
     def _range(self, start: int, stop: int, passing: bool = False) -> np.ndarray:
         """Packets ``start`` to ``stop``: each shard's part as a slice of its index."""
@@ -124,12 +129,29 @@ class Column:
             return np.full(n, self._corpus.shard_group[s], np.int64)
         index = self._corpus.indexes[s]
         entries = index.passing() if passing and hasattr(index, "passing") else index.entries
-        if field == "tokens":
-            picked = entries[local]
-            return tokens_of(picked["length"], picked["typ"])
-        if field == "frame_bytes":
-            return entries["length"][local].astype(np.int64) + FRAME_BYTES
-        return entries[field][local]
+        return self._of(entries[local])
 
     def __repr__(self) -> str:
         return f"Column({self.field!r}, {len(self)} packets)"
+
+
+def entries_at(corpus: Any, packets: np.ndarray, shard_ids: np.ndarray | None = None
+               ) -> np.ndarray:
+    """The index entries (``INDEX_ENTRY_DTYPE``) of the global packet numbers ``packets``
+    (int64, in range), gathered shard by shard: one pass for every field a reader needs
+    (``shard_ids``: ``corpus.shard_of(packets)`` if the caller has it)."""
+    base = corpus.base
+    ids = corpus.shard_of(packets) if shard_ids is None else shard_ids
+    out = np.empty(packets.shape[0], INDEX_ENTRY_DTYPE)
+    if ids.shape[0] > 1 and (ids[1:] < ids[:-1]).any():  # not in shard order: sort
+        order = np.argsort(ids.astype(np.uint16) if base.shape[0] <= 1 << 16 else ids,
+                           kind="stable")  # a radix sort for 16-bit keys: O(n)
+        ids = ids[order]
+    else:
+        order = None
+    cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), ids.shape[0]]):
+        s = int(ids[a])
+        at = slice(a, b) if order is None else order[a:b]
+        out[at] = corpus.indexes[s].entries[packets[at] - base[s]]
+    return out

@@ -19,7 +19,7 @@ import numpy as np
 from ndp.errors import ConfigError, DataError, ShardFormatError, past_aliases
 from ndp.wire.format import SHARD_SUFFIX, SYNC
 from ndp.store.index import Corruption, Index, ScanResult, check_headers
-from ndp.store.columns import Column
+from ndp.store.columns import Column, entries_at
 from ndp.store.lazy import EntryCache, LazyIndex, open_index
 from ndp.store.manifest import ManifestError, entries_by_name, listed_shards
 from ndp.store.remote import RemoteDataset, RemoteShard, is_url
@@ -234,6 +234,12 @@ class Corpus:
     def shard_of(self, packets: np.ndarray) -> np.ndarray:
         """Shard number of each global packet number."""
         return np.searchsorted(self.base, packets, side="right") - 1
+
+    def entries_at(self, packets: np.ndarray, shard_ids: np.ndarray | None = None
+                   ) -> np.ndarray:
+        """The index entries of ``packets`` (global numbers), every field in one gather
+        (``ndp.store.columns.entries_at``); ``shard_ids``: their ``shard_of``, if known."""
+        return entries_at(self, packets, shard_ids)
 
     def check_headers(self, packets: np.ndarray, data: np.ndarray | None = None,
                       at: np.ndarray | None = None) -> None:
