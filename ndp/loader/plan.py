@@ -50,6 +50,10 @@ from ndp.loader.order import (
 )
 
 
+#: share positions whose token counts ``Plan.share_tokens`` gathers at once
+TOKEN_BLOCK = 1 << 14
+
+
 @dataclass(frozen=True)
 class Share:
     """This rank's packets of one epoch (see the module docstring)."""
@@ -91,6 +95,8 @@ class Plan:
         self._shard_bytes = np.array([s.size for s in corpus.shards], np.int64)
         self._memo_share: np.ndarray | None = None
         self._memo: dict[int, int] = {}
+        self._blocks_of: np.ndarray | None = None  # the share ``share_tokens`` remembers
+        self._blocks: dict[int, np.ndarray] = {}
         self._ahead: threading.Thread | None = None  # planning the next epoch (``plan_ahead``)
         self._ahead_stop = threading.Event()
         self._store = threading.Lock()  # guards _shares and _batches
@@ -108,6 +114,7 @@ class Plan:
         other.rank, other.world_size = rank, world_size
         other.batch_size, other.seq_len = batch_size, seq_len
         other._shares, other._memo_share, other._memo = {}, None, {}
+        other._blocks_of, other._blocks = None, {}
         other._batches = {}
         other._ahead, other._ahead_stop = None, threading.Event()
         other._store = threading.Lock()
@@ -264,7 +271,7 @@ class Plan:
             need = tok + batches * B * T + 1
             ahead = 64  # a bounded look-ahead: never a cumulative sum over the rest of the epoch
             while True:
-                cum = np.cumsum(self.corpus.tokens[share[pos: pos + ahead]])
+                cum = np.cumsum(self.share_tokens(share, pos, pos + ahead))
                 if (cum.shape[0] and cum[-1] >= need) or pos + ahead >= n:
                     break
                 ahead *= 4
@@ -275,6 +282,29 @@ class Plan:
                 break
             at = self.candidates(share, at)
         return min(at, n)
+
+    def share_tokens(self, share: np.ndarray, a: int, b: int) -> np.ndarray:
+        """The index token counts of ``share[a:b]``, gathered ``TOKEN_BLOCK`` positions at a
+        time and remembered for the share last asked about (its last 8 blocks): the
+        producer's chunk plans and layouts ask for the positions it reads, in order, a few
+        times a batch, and a gather from the shards' indexes costs ~100 us a call."""
+        b = min(b, share.shape[0])
+        if b <= a:
+            return np.zeros(0, np.int64)
+        if self._blocks_of is not share:
+            self._blocks_of, self._blocks = share, {}
+        first, last = a // TOKEN_BLOCK, (b - 1) // TOKEN_BLOCK
+        parts = []
+        for k in range(first, last + 1):
+            got = self._blocks.get(k)
+            if got is None:
+                got = self._blocks[k] = self.corpus.tokens[
+                    share[k * TOKEN_BLOCK: (k + 1) * TOKEN_BLOCK]]
+                while len(self._blocks) > 8:  # blocks behind the producer are not asked again
+                    self._blocks.pop(next(iter(self._blocks)))
+            parts.append(got)
+        joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return joined[a - first * TOKEN_BLOCK: b - first * TOKEN_BLOCK]
 
     def candidates(self, share: np.ndarray, at: int) -> int:
         """Packing: the end of the candidates of the batch that starts at share position
@@ -289,7 +319,7 @@ class Plan:
         B, L = self.batch_size, self.seq_len
         cap = 8 * B
         while True:
-            window = self.corpus.tokens[share[at: at + cap]]
+            window = self.share_tokens(share, at, at + cap)
             _, _, fits = place(window, rows=B, row_len=L)
             if fits < window.shape[0] or at + cap >= share.shape[0]:
                 q = self._memo[at] = at + max(fits, 1)

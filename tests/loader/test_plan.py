@@ -297,3 +297,24 @@ def test_a_pass_asked_to_stop_stops_and_stores_nothing(uneven):
     asked = []
     plan.share(1, stop=lambda: asked.append(1) and False)
     assert len(asked) >= 6 and 1 in plan._shares  # asked before every window
+
+
+def test_share_tokens_are_the_index_counts_gathered_once_a_block(uneven, monkeypatch):
+    """The producer asks for a share's token counts a few times a batch (chunk plans, packing
+    candidates); each gather from the shards' indexes costs ~100 us, so they are gathered a
+    block at a time and remembered."""
+    import ndp.loader.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "TOKEN_BLOCK", 16)
+    plan = plan_of(uneven, mode="packing", world_size=3)
+    share = plan.share(0).packets
+    want = np.asarray(uneven.tokens[share])
+    gathers = []
+    column = type(uneven.tokens)
+    real = column.__getitem__
+    monkeypatch.setattr(column, "__getitem__", lambda self, k: gathers.append(1) or real(self, k))
+    blocks = set()
+    for a, b in ((0, 5), (3, 40), (15, 17), (30, 31), (0, 48), (250, 10**6), (7, 7)):
+        assert np.array_equal(plan.share_tokens(share, a, b), want[a:b]), (a, b)
+        blocks |= set(range(a // 16, (min(b, share.shape[0]) - 1) // 16 + 1))
+    assert len(gathers) == len(blocks) < 7  # each block once, however often it was asked
