@@ -129,12 +129,13 @@ class _Walk:
             if self.stop is not None and self.stop():
                 raise Stopped(f"planning epoch {self.epoch} stopped")
             size = win.size
+            perm = None if win.keys is None else win.order()  # O(window): CRC-Drop's pass
             drop = None
             if self.rate > 0:
                 drop = drop_ranges(win.starts, win.stops, seed=self.seed, epoch=self.epoch,
                                    rate=self.rate)
-                drop = drop if win.perm is None else drop[win.perm]
-            self._held(win.perm, drop)
+                drop = drop if perm is None else drop[perm]
+            self._held(perm, drop)
             if own is not None:
                 first = (rank - at) % W
                 mine = win.every(first, W)
@@ -142,7 +143,7 @@ class _Walk:
                 toks = None
                 if own_tokens is not None:  # the padded cut's: this rank's packets' tokens
                     toks = window_tokens(self.corpus, win)
-                    toks = toks[first::W] if win.perm is None else toks[win.perm[first::W]]
+                    toks = toks[first::W] if perm is None else toks[perm[first::W]]
                     self._held(toks)
                 if drop is not None:
                     lost = drop[first::W]
@@ -159,13 +160,13 @@ class _Walk:
                 self._held(kept)
                 counts = kept.sum(axis=0)
                 if length is not None and self.mode != "padded" and tot.kept.min() < length:
-                    self._tokens(win, kept, at % W, tot, length,
+                    self._tokens(win, perm, kept, at % W, tot, length,
                                  every=int((tot.kept + counts).max()) <= length)
                 tot.kept += counts
             at += size
         return tot
 
-    def _tokens(self, win: Window, kept: np.ndarray, off: int,
+    def _tokens(self, win: Window, perm: np.ndarray | None, kept: np.ndarray, off: int,
                 tot: _Totals, length: int, every: bool) -> None:
         """Add the window's packets that are among their rank's first ``length`` kept ones
         (``every``: all its kept ones are) to the token sums (packed) or the batch counts
@@ -174,7 +175,7 @@ class _Walk:
         # a kept packet's place in its rank's share: kept before it, this window and earlier
         take = kept if every else kept & (np.cumsum(kept, axis=0) + tot.kept <= length)
         tokens = window_tokens(self.corpus, win)
-        table = _table(tokens if win.perm is None else tokens[win.perm], off, W, 0)
+        table = _table(tokens if perm is None else tokens[perm], off, W, 0)
         self._held(take, table)
         if self.mode == "packed":
             tot.sums += np.where(take, table, 0).sum(axis=0)
@@ -183,18 +184,25 @@ class _Walk:
                                   self.seq_len, tot.carry)
 
 
-def window_tokens(corpus: Any, win: Window) -> np.ndarray:
-    """The token counts of ``win``'s packets before its permutation (int32: a packet holds at
-    most 65,535 tokens): each range (a shard) read as a slice of the corpus' tokens, which reads
-    an index in order (a gather of permuted packet numbers would sort them by shard first), in
-    passing (``Column.passing``: the pass does not push the decoder's entries out)."""
-    out = np.empty(win.size, np.int32)
+def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None) -> np.ndarray:
+    """The token counts of ``win``'s packets in file order (before its permutation), those at
+    file-order indices ``[a, b)`` (all by default; int32: a packet holds at most 65,535
+    tokens): each range (a shard) read as a slice of the corpus' tokens, which reads an index
+    in order (a gather of permuted packet numbers would sort them by shard first), in passing
+    (``Column.passing``: the pass does not push the decoder's entries out)."""
+    b = win.size if b is None else b
+    out = np.empty(max(b - a, 0), np.int32)
     tokens = corpus.tokens
     passing = getattr(tokens, "passing", None)  # a corpus' Column: read without holding
-    at = 0
-    for a, b in zip(win.starts.tolist(), win.stops.tolist()):
-        out[at: at + b - a] = passing(a, b) if passing is not None else tokens[a:b]
-        at += b - a
+    at = 0  # file-order index of the range's first packet
+    for lo, hi in zip(win.starts.tolist(), win.stops.tolist()):
+        x, y = max(a, at), min(b, at + hi - lo)  # the part of [a, b) in this range
+        if x < y:
+            s, e = lo + x - at, lo + y - at
+            out[x - a: y - a] = passing(s, e) if passing is not None else tokens[s:e]
+        at += hi - lo
+        if at >= b:
+            break
     return out
 
 

@@ -317,7 +317,9 @@ class Loader:
             self._active = token
             if self._thread is None:
                 self._start_producer()
-        bar = progress_bar(total=len(self) if self.progress else None,
+        # the bar's total once the epoch is counted (``ndp.loader.count``): not waited for
+        sized = self.progress and self.plan.counted(self.epoch)
+        bar = progress_bar(total=len(self) if sized else None,
                            initial=self._state["batch"], desc=f"ndp epoch {self.epoch}",
                            enabled=self.progress, unit="batch")
         finished = False
@@ -332,6 +334,7 @@ class Loader:
                     item = self._get()
                     self.stats.wait_seconds += time.perf_counter() - t
                     if item[0] is EPOCH_END:
+                        self._cut.end()
                         _, self._state, counted = item
                         self.stats.add(counted)
                         finished = True
@@ -341,6 +344,9 @@ class Loader:
                         self._state = {"epoch": epoch, **laid.state}
                         self.stats.add(laid.counted)
                         self.stats.batches += 1
+                        self._cut.poll()
+                        if self.progress and not sized and self.plan.counted(epoch):
+                            sized, bar.total = True, len(self)
                         bar.update(1)
                         yield batch
         finally:

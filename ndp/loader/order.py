@@ -2,18 +2,21 @@
 
 Everything here is a pure function of (seed, epoch, rank, world size) and the shard sizes, so a
 resumed run recomputes exactly the order it left and every rank computes its share without
-talking to the others. The order is drawn window by window (``epoch_windows``) and CRC-Drop's
-verdicts range by range (``drop_ranges``), so a rank plans an epoch holding one window's
-packets at a time (``ndp.loader.epoch``); ``epoch_order`` and ``drop_mask`` give the same for
-the whole dataset at once.
+talking to the others. The order is made window by window (``epoch_windows``), each window's
+place by place, and CRC-Drop's verdicts range by range (``drop_ranges``), so a rank reads its
+share of an epoch without building it (``ndp.loader.share``) and counts an epoch's batches
+holding a block of packets at a time (``ndp.loader.count``, ``ndp.loader.epoch``);
+``epoch_order`` and ``drop_mask`` give the same for the whole dataset at once.
 
 * ``shuffle=True``: document-level shuffling in windows (``ORDER``). Each epoch the shards are
   permuted, cut into windows of consecutive shards (up to ``shuffle_window`` bytes, 1 GiB by
   default, and ``WINDOW_SHARDS``; ``"all"``: one window), and the packets of each window are
-  permuted together: every packet (a document, or an SFT example) lands at a new place each
-  epoch, among other neighbours, and a dataset of up to a window is shuffled whole. Reads stay within two windows at a time
-  (a block shuffle, like MosaicML streaming's and litdata's), so the GPU's shard arena and a
-  CPU reader's open files stay bounded; ``benchmarks/shuffle_quality.py`` measures it against
+  permuted together by a keyed permutation computed place by place (``ndp.loader.shuffle``:
+  no window's permutation is ever drawn or held whole): every packet (a document, or an SFT
+  example) lands at a new place each epoch, among other neighbours, and a dataset of up to a
+  window is shuffled whole. Reads stay within two windows at a time (a block shuffle, like
+  MosaicML streaming's and litdata's), so the GPU's shard arena and a CPU reader's open files
+  stay bounded; ``benchmarks/shuffle_quality.py`` measures it against
   theirs.
 * ranks: rank ``r`` of ``W`` takes every W-th packet of the epoch's order, starting at ``r``;
   every packet is seen exactly once per epoch across the ranks, no two ranks share one, and the
@@ -36,10 +39,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from ndp.errors import ConfigError
+from ndp.loader.shuffle import invert, permute, round_keys
 
 _ORDER_STREAM = 0x0D3E
 _DROP_STREAM = 0xC4C0
@@ -59,7 +64,9 @@ def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tu
 
 #: the shuffle's name, recorded in loader states: a state is only valid for the order it was
 #: made in, so a change to ``epoch_order`` must change this
-ORDER = "windows-v1"
+ORDER = "windows-v2"
+#: orders of earlier ndp versions: a state made in one is taken at an epoch's start only
+OLD_ORDERS = ("windows-v1",)
 #: a shuffle window: consecutive shards of the epoch's shard permutation, up to this many bytes
 #: by default (the Loader's ``shuffle_window``) and at most ``WINDOW_SHARDS`` shards (a chunk
 #: reads from at most two windows: the GPU's shard arena holds them, and a CPU reader opens
@@ -123,39 +130,52 @@ BLOCK = 1 << 20
 @dataclass(frozen=True)
 class Window:
     """One piece of an epoch's order: the packets of the ranges ``[starts[i], stops[i])`` of
-    global packet numbers, one after the other, then permuted by ``perm`` (``None``: in order).
-    A shuffle window's ranges are its shards."""
+    global packet numbers, one after the other (the window's *file order*), then permuted by
+    the permutation that ``keys`` name (``ndp.loader.shuffle``; ``None``: in file order). A
+    shuffle window's ranges are its shards. Nothing the window's size is held: any place of
+    its order is one ``at`` away."""
 
     starts: np.ndarray
     stops: np.ndarray
-    perm: np.ndarray | None = None
+    keys: np.ndarray | None = None
 
-    @property
+    @cached_property
     def size(self) -> int:
         """Packets in the window."""
         return int((self.stops - self.starts).sum())
 
-    def unshuffled(self) -> np.ndarray:
-        """The window's packets before its permutation (its ranges, concatenated; int64)."""
+    def flat(self, places: np.ndarray) -> np.ndarray:
+        """The file-order indices of the packets at ``places`` of the window's order."""
+        places = np.asarray(places, np.int64)
+        return places if self.keys is None else permute(places, self.size, self.keys)
+
+    def places(self, flat: np.ndarray) -> np.ndarray:
+        """The places in the window's order of the packets at file-order indices ``flat``."""
+        flat = np.asarray(flat, np.int64)
+        return flat if self.keys is None else invert(flat, self.size, self.keys)
+
+    def packets_of(self, flat: np.ndarray) -> np.ndarray:
+        """Global packet numbers of file-order indices ``flat`` (each mapped to its range)."""
         lengths = self.stops - self.starts
-        at = np.cumsum(lengths) - lengths  # where each range begins in the concatenation
-        return (np.arange(int(lengths.sum()), dtype=np.int64)
-                + np.repeat((self.starts - at).astype(np.int64), lengths))
+        ends = np.cumsum(lengths)
+        r = np.searchsorted(ends, flat, side="right")
+        return (self.starts[r] - (ends[r] - lengths[r]) + flat).astype(np.int64, copy=False)
+
+    def at(self, places: np.ndarray) -> np.ndarray:
+        """The packets at ``places`` of the window's order (global packet numbers, int64)."""
+        return self.packets_of(self.flat(places))
+
+    def order(self) -> np.ndarray:
+        """The file-order index at each place of the window's order, all of them (O(size))."""
+        return self.flat(np.arange(self.size, dtype=np.int64))
 
     def packets(self) -> np.ndarray:
         """The window's part of the epoch's order: global packet numbers (int64)."""
-        flat = self.unshuffled()
-        return flat if self.perm is None else flat[self.perm]
+        return self.at(np.arange(self.size, dtype=np.int64))
 
     def every(self, first: int, step: int) -> np.ndarray:
-        """``packets()[first::step]`` (a rank's packets of the window) without building the
-        rest: each picked place of the concatenated ranges is mapped to its range."""
-        picked = np.arange(first, self.size, step, dtype=np.int64) if self.perm is None \
-            else self.perm[first::step]
-        lengths = self.stops - self.starts
-        ends = np.cumsum(lengths)
-        r = np.searchsorted(ends, picked, side="right")
-        return (self.starts[r] - (ends[r] - lengths[r]) + picked).astype(np.int64, copy=False)
+        """``packets()[first::step]`` (a rank's packets of the window) without the rest."""
+        return self.at(np.arange(first, self.size, step, dtype=np.int64))
 
 
 def epoch_windows(
@@ -168,9 +188,9 @@ def epoch_windows(
     window_bytes: int | None = WINDOW_BYTES,
     block: int = BLOCK,
 ) -> Iterator[Window]:
-    """The epoch's order window by window (``epoch_order`` is their packets, concatenated),
-    each window's permutation drawn only when it is reached: walking them holds one window's
-    packets at a time. Unshuffled, the order is cut into pieces of ``block`` packets."""
+    """The epoch's order window by window (``epoch_order`` is their packets, concatenated):
+    O(shards) to walk, each window's order computed place by place when it is read.
+    Unshuffled, the order is cut into pieces of ``block`` packets."""
     if not shuffle:
         n = int(base[-1])
         for a in range(0, n, block):
@@ -180,12 +200,12 @@ def epoch_windows(
     if shard_bytes is None:
         shard_bytes = np.zeros(n_shards, np.int64)
     rng = np.random.Generator(np.random.PCG64([seed, epoch, _ORDER_STREAM]))
-    # the same draws, in the same order, as ever: the shard permutation, then one permutation
-    # per window (a state records ORDER: this must not change under it)
-    for window in windows(shard_bytes, rng.permutation(n_shards), window_bytes):
+    # the shard permutation, then each window's permutation keyed by its number (a state
+    # records ORDER: this must not change under it)
+    for k, window in enumerate(windows(shard_bytes, rng.permutation(n_shards), window_bytes)):
         starts = base[window].astype(np.int64)
         stops = base[window + 1].astype(np.int64)
-        yield Window(starts, stops, rng.permutation(int((stops - starts).sum())))
+        yield Window(starts, stops, round_keys(seed, epoch, _ORDER_STREAM, k))
 
 
 def epoch_order(

@@ -4,15 +4,18 @@ chunks (the first stage of the Loader's pipeline: plan, stage, decode, serve).
 The order, rank split, CRC-Drop and mixing are ``ndp.loader.order``'s pure functions of the seed and
 epoch.
 
-Every epoch has a batch count known before it starts (``len(loader)``), and every rank delivers
-that many (else a distributed training loop waits on a collective that one rank never joins):
-each rank works out, with no communication (all of it is a function of the seed, the epoch
-and the index), how many packets every rank's share keeps; the shares are cut to the shortest
-one's count (what is cut is counted as ``rank_balance``), and the epoch's batch count is the
-smallest any rank's cut share makes by the index. It does so in a pass over the epoch's
-shuffle windows (two with CRC-Drop in ``packed`` and ``packing`` mode; ``ndp.loader.epoch``)
-that holds one window's packets at a time, per-rank counters and this rank's own share, never
-the epoch's whole order or another rank's share. With mixing (which draws over a rank's whole
+Every epoch has a batch count (``len(loader)``), and every rank delivers that many (else a
+distributed training loop waits on a collective that one rank never joins): each rank works
+out, with no communication (all of it is a function of the seed, the epoch and the index),
+how many packets every rank's share keeps; the shares are cut to the shortest one's count
+(what is cut is counted as ``rank_balance``), and the epoch's batch count is the smallest any
+rank's cut share makes by the index. Without CRC-Drop, mixing or an elastic remainder, every
+share keeps ``packets // W``: the share is read place by place (``ndp.loader.share``), and the
+count is worked out on the plan's thread while the batches are delivered
+(``ndp.loader.count``: ``len(loader)`` waits for it, the producer only if it catches up).
+With CRC-Drop, a pass over the epoch's shuffle windows (two in ``packed`` and ``packing``
+mode; ``ndp.loader.epoch``) that holds one window's packets at a time, per-rank counters and
+this rank's own share, never the epoch's whole order or another rank's share. With mixing (which draws over a rank's whole
 share) or in an elastic remainder (``ndp.loader.elastic``: a whole order already), the whole
 order and every rank's share are built, O(packets). That count is exact for ``padded`` and
 ``packing`` batches whatever is corrupt (a corrupt packet makes its batch shorter, not
@@ -30,48 +33,30 @@ from __future__ import annotations
 
 import copy
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ndp.loader.count import Count, count_pass
 from ndp.loader.epoch import plan_epoch
-from ndp.loader.packing import count_batches, plan as place
-from ndp.store.corpus import Corpus
-from ndp.errors import ConfigError
 from ndp.loader.order import (
     WINDOW_BYTES,
     check_mix_size,
     check_window,
     drop_mask,
     epoch_order,
+    epoch_windows,
     mix,
     rank_share,
 )
+from ndp.loader.packing import count_batches, plan as place
+from ndp.loader.share import RankOrder, Share
+from ndp.loader.sources import mix_sources
+from ndp.store.corpus import Corpus
 
 
 #: share positions whose token counts ``Plan.share_tokens`` gathers at once
 TOKEN_BLOCK = 1 << 14
-
-
-@dataclass(frozen=True)
-class Share:
-    """This rank's packets of one epoch (see the module docstring)."""
-
-    #: share position -> global packet number; in packed mode the share twice over (positions
-    #: from ``length`` on repeat it, for a rank left short by corruption)
-    packets: np.ndarray
-    length: int  #: the share's own packets
-    batches: int  #: batches every rank delivers this epoch (``len(loader)``)
-    dropped: int = 0  #: CRC-Drop: packets of this rank's part of the order dropped on purpose
-    mix_unused: dict = field(default_factory=dict)  #: mixing: per source, packets left unused
-    mix_repeated: dict = field(default_factory=dict)  #: mixing: per source, packets taken again
-    balanced: int = 0  #: packets cut from the share's end so that every rank has as many
-    #: an elastic resume (``ndp.loader.elastic``): packets earlier ranks were inside of, given again
-    redelivered: int = 0
-    #: padded mode: what rows of ``seq_len`` cut from the share (``ndp.loader.truncation``),
-    #: when the plan's pass counted it (else the cut report gathers it)
-    cut: Any = None
 
 
 class Plan:
@@ -97,8 +82,9 @@ class Plan:
         self._memo: dict[int, int] = {}
         self._blocks_of: np.ndarray | None = None  # the share ``share_tokens`` remembers
         self._blocks: dict[int, np.ndarray] = {}
-        self._ahead: threading.Thread | None = None  # planning the next epoch (``plan_ahead``)
+        self._ahead: threading.Thread | None = None  # the plan's thread (``plan_ahead``)
         self._ahead_stop = threading.Event()
+        self._wanted = -1  # the epoch the producer wants planned ahead
         self._store = threading.Lock()  # guards _shares and _batches
         #: an epoch whose rest comes from a run with other ranks (``ndp.loader.elastic.Remainder``)
         self.elastic: Any = None
@@ -116,7 +102,7 @@ class Plan:
         other._shares, other._memo_share, other._memo = {}, None, {}
         other._blocks_of, other._blocks = None, {}
         other._batches = {}
-        other._ahead, other._ahead_stop = None, threading.Event()
+        other._ahead, other._ahead_stop, other._wanted = None, threading.Event(), -1
         other._store = threading.Lock()
         return other
 
@@ -127,47 +113,78 @@ class Plan:
         self._shares, self._batches = {}, {}
 
     def plan_ahead(self, epoch: int) -> None:
-        """Start planning ``epoch`` on a thread of its own (``ndp-plan``; it ends when done),
-        unless it is planned or being planned: the producer asks for the next epoch when it
-        starts one, so that the epoch's boundary does not wait for a pass over the windows
-        (seconds at 1e8 packets). ``share`` waits for it; ``stop_ahead`` abandons it."""
-        if epoch in self._shares or (self._ahead is not None and self._ahead.is_alive()):
-            return
-        self._ahead_stop.clear()
+        """Plan ``epoch`` ahead, on the plan's thread (``ndp-plan``; one at most, ending when
+        it has nothing to do): the producer asks for the next epoch when it starts one, so that
+        the epoch's boundary waits neither for its plan nor for its batch count (seconds at
+        1e8 packets). ``share`` takes what it made; ``stop_ahead`` abandons it."""
+        with self._store:
+            self._wanted = max(self._wanted, epoch)
+        self._planner()
 
-        def run() -> None:
-            try:
-                self.share(epoch, stop=self._ahead_stop.is_set)
-            except BaseException:  # noqa: BLE001 - stopped, or failed: share() plans it
-                pass  # again when it is needed, and raises there
+    def _planner(self) -> None:
+        """Start the plan's thread unless it runs: it counts the shares whose counts are not
+        done (oldest epoch first), then plans the epoch wanted ahead."""
+        with self._store:
+            if self._ahead is not None and self._ahead.is_alive():
+                return
+            self._ahead_stop.clear()
+            stop = self._ahead_stop.is_set
 
-        thread = threading.Thread(target=run, name="ndp-plan", daemon=True)
-        thread.start()  # then published: a thread that joins it finds it started
-        self._ahead = thread
+            def run() -> None:
+                while not stop():
+                    with self._store:
+                        todo = [self._shares[e] for e in sorted(self._shares)
+                                if not self._shares[e].count.final]
+                        wanted = self._wanted
+                    if todo:
+                        todo[0].count.run(stop)
+                        if not todo[0].count.final:
+                            return  # stopped, or failed: raised to whoever waits for it
+                        continue
+                    if wanted < 0 or wanted in self._shares:
+                        return
+                    try:
+                        self.share(wanted, stop=stop)
+                    except BaseException:  # noqa: BLE001 - stopped, or failed: share() plans
+                        return  # it again when it is needed, and raises there
+
+            thread = threading.Thread(target=run, name="ndp-plan", daemon=True)
+            thread.start()  # then published: a thread that joins it finds it started
+            self._ahead = thread
 
     def stop_ahead(self) -> None:
-        """Abandon a plan being made ahead, and wait for its thread (at most one window's pass)."""
+        """Abandon what the plan's thread is doing (a count or a plan made ahead, taken up
+        again when wanted), and wait for it (at most a block's or a window's pass)."""
         thread = self._ahead
         if thread is not None:
             self._ahead_stop.set()
             thread.join()
             self._ahead = None
+        self._wanted = -1
 
     # ------------------------------------------------------------------------------ shares
     def share(self, epoch: int, *, stop: Any = None) -> Share:
         """This rank's ``Share`` of ``epoch`` (after CRC-Drop, mixing and the rank balance);
-        ``stop``: a callable that abandons the pass (``ndp.loader.epoch.Stopped``) when true."""
+        ``stop``: a callable that abandons the pass (``ndp.loader.epoch.Stopped``) when true.
+        Without CRC-Drop, mixing or an elastic remainder it is made at once (a ``RankOrder``)
+        and its batch count is counted on the plan's thread (``ndp.loader.count``)."""
         have = self._shares.get(epoch)
         if have is not None:
+            if not have.count.final:
+                self._planner()  # counted on the plan's thread (again, if it was stopped)
             return have
         ahead = self._ahead
-        if ahead is not None and ahead is not threading.current_thread():
-            ahead.join()  # the epoch may be the one being planned ahead: take it when made
+        if (ahead is not None and ahead is not threading.current_thread()
+                and self._wanted == epoch):
+            ahead.join()  # the epoch is being planned ahead: take it when made
             have = self._shares.get(epoch)
             if have is not None:
-                return have
+                return self.share(epoch)
         rest = self.elastic if self.elastic is not None and self.elastic.epoch == epoch else None
-        if rest is None and self._mix_keys is None:  # a pass over the windows (ndp.loader.epoch)
+        lazy = rest is None and self._mix_keys is None and self.crc_drop_rate == 0
+        if lazy:
+            share = self._share_lazy(epoch)
+        elif rest is None and self._mix_keys is None:  # a pass over the windows (ndp.loader.epoch)
             walked = plan_epoch(self.corpus, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
                                 shard_bytes=self._shard_bytes, window_bytes=self._window_bytes,
                                 rate=self.crc_drop_rate, rank=self.rank,
@@ -176,18 +193,46 @@ class Plan:
             self.peak_plan_elements = walked.peak
             own, m = walked.own, walked.length
             packets = np.concatenate([own, own]) if self.mode == "packed" else own
-            share = Share(packets, m, walked.batches, walked.dropped, {}, {}, walked.balanced,
-                          cut=walked.cut)
+            share = Share(packets, m, Count(walked.batches, cut=walked.cut), walked.dropped,
+                          {}, {}, walked.balanced)
         else:
             share = self._share_whole(epoch, rest)
         # the producer works an epoch ahead of the consumer (and of len()), and plans the one
         # after it ahead: keep two shares, and every batch count
-        with self._store:  # the producer, the consumer and the plan made ahead
-            self._batches[epoch] = share.batches
+        with self._store:  # the producer, the consumer and the plan's thread
+            if share.count.final:
+                self._batches[epoch] = share.batches
             self._shares[epoch] = share
             while len(self._shares) > 2:
                 self._shares.pop(next(iter(self._shares)), None)
+        if not share.count.final:
+            self._planner()
         return share
+
+    def _share_lazy(self, epoch: int) -> Share:
+        """The share read place by place (``ndp.loader.share.RankOrder``), its batch count
+        (and padded cut) left to a ``count_pass``."""
+        n, W = int(self.corpus.n_packets), self.world_size
+        length = n // W
+        windows = list(epoch_windows(self.corpus.base, seed=self.seed, epoch=epoch,
+                                     shuffle=self.shuffle, shard_bytes=self._shard_bytes,
+                                     window_bytes=self._window_bytes))
+        order = RankOrder(windows, rank=self.rank, world_size=W, length=length,
+                          repeat=self.mode == "packed")
+
+        def work(count: Count, stop: Any) -> None:
+            batches, cut = count_pass(self.corpus, windows, rank=self.rank, world_size=W,
+                                      length=length, mode=self.mode,
+                                      batch_size=self.batch_size, seq_len=self.seq_len,
+                                      count=count, stop=stop)
+            self.peak_plan_elements = count.peak
+            with self._store:
+                self._batches[epoch] = known if batches is None else batches
+            count.finish(batches, cut)
+
+        known = -(-length // self.batch_size) if self.mode == "padded" else None
+        own = (n - self.rank + W - 1) // W  # this rank's places of the epoch
+        return Share(order, length, Count(known, work=work), 0, {}, {}, own - length)
 
     def epoch_batches(self, epoch: int) -> int:
         """``share(epoch).batches`` (``len(loader)``), without planning the epoch again once
@@ -195,6 +240,11 @@ class Plan:
         let go."""
         have = self._batches.get(epoch)
         return have if have is not None else self.share(epoch).batches
+
+    def counted(self, epoch: int) -> bool:
+        """``epoch_batches(epoch)`` is known without waiting."""
+        have = self._shares.get(epoch)
+        return epoch in self._batches or (have is not None and have.count.known)
 
     def _share_whole(self, epoch: int, rest: Any) -> Share:
         """``share`` by building the epoch's whole order and every rank's share: mixing draws
@@ -216,7 +266,7 @@ class Plan:
         batches = min(self.batches_of(k[:m]) for k, *_ in every)
         own = kept[:m]
         packets = np.concatenate([own, own]) if self.mode == "packed" else own
-        return Share(packets, m, batches, n_dropped, unused, again, kept.shape[0] - m,
+        return Share(packets, m, Count(batches), n_dropped, unused, again, kept.shape[0] - m,
                      0 if rest is None else int(((rest.partial % self.world_size == self.rank)
                                                  & (rest.partial // self.world_size < m)).sum()))
 
@@ -330,49 +380,10 @@ class Plan:
 
     # ------------------------------------------------------------------------------ mixing
     def _setup_mix(self, weights: dict | None, mix_by: str) -> None:
-        """Sources and their weights; every source present in the corpus must have a weight
-        (0 leaves it out on purpose), so no packet is left out silently."""
-        self._mix_keys = self._mix_weights = None
-        self._mix_names: list[str] = []
-        self.mix_spec: list | None = None
+        """Sources and their weights (``ndp.loader.sources.mix_sources``)."""
         self._mix_by = mix_by
-        if mix_by not in ("group", "src"):
-            raise ConfigError(f"mix_by must be 'group' or 'src', got {mix_by!r}")
-        if weights is None:
-            return
-        corpus = self.corpus
-        if mix_by == "group":
-            present: dict[str, Any] = {name: g for g, name in enumerate(corpus.groups)}
-        else:
-            from ndp.wire.format import Src
-
-            present = {}
-            for v in np.unique(corpus.src).tolist():
-                try:
-                    present[Src(v).name] = v
-                except ValueError:
-                    present[str(v)] = v
-        named = {}
-        for key, w in weights.items():
-            name = key.name if hasattr(key, "name") else str(key)
-            if isinstance(key, int) and mix_by == "src" and not hasattr(key, "name"):
-                name = next((n for n, v in present.items() if v == key), str(key))
-            if name not in present:
-                raise ConfigError(f"mix names {key!r}, which is not a {mix_by} of this corpus "
-                                  f"(it has {sorted(present)})")
-            named[name] = float(w)
-        missing = sorted(set(present) - set(named))
-        if missing:
-            raise ConfigError(f"mix gives no weight to {missing}; give each {mix_by} a weight "
-                              f"(0 to leave it out on purpose)")
-        self._mix_names = sorted(named)
-        self._mix_weights = np.array([named[n] for n in self._mix_names])
-        values = np.array([present[n] for n in self._mix_names], np.int64)
-        lookup = np.full(256 if mix_by == "src" else len(corpus.groups), -1, np.int64)
-        lookup[values] = np.arange(values.shape[0])
-        self._mix_keys = lookup
-        self.mix_spec = [[n, named[n]] for n in self._mix_names]
-        mix([np.zeros(0, np.int64)] * len(values), self._mix_weights, seed=0, epoch=0, rank=0)
+        self._mix_names, self._mix_weights, self._mix_keys, self.mix_spec = mix_sources(
+            self.corpus, weights, mix_by)
 
     def _source_key(self, packets: np.ndarray) -> np.ndarray:
         """Mixing source number of each packet."""

@@ -1,8 +1,10 @@
 """The Loader's producer thread: plan, stage and decode chunk after chunk, epoch after epoch,
 into a bounded queue that the consumer (``ndp.loader.loader``) serves from (``ndp.loader.serve``).
 
-Each epoch delivers exactly its ``Share.batches`` batches (``ndp.loader.plan``); what it leaves out,
-repeats or finds corrupt is counted by the batch that reaches it or at the epoch's end.
+Each epoch delivers exactly its ``Share.batches`` batches (``ndp.loader.plan``), starting before
+they are counted (``ndp.loader.count``: it delivers those below the count's bound); what it
+leaves out, repeats or finds corrupt is counted by the batch that reaches it or at the epoch's
+end.
 """
 
 from __future__ import annotations
@@ -70,15 +72,20 @@ class Producer:
         epoch, pos, tok, done = state["epoch"], state["pos"], state["tok"], state["batch"]
         sh = plan.share(epoch, stop=stop.is_set)  # a stopped producer abandons the pass
         plan.plan_ahead(epoch + 1)  # while this one is delivered: no wait at its end
-        share, n, cap = sh.packets, sh.packets.shape[0], sh.batches
+        share, n = sh.packets, sh.packets.shape[0]
         fresh = pos == 0 and tok == 0
         pending = {"dropped_on_purpose": sh.dropped} if fresh else {}
         if fresh and sh.redelivered:
             pending["repeated"] = sh.redelivered
         counted_upto = pos  # share positions before this were counted by an earlier batch
         end: dict = {}
-        plan.corpus.will_read(share[:sh.length], pos)  # remote shards: fetched in this order
-        while pos < n and done < cap:
+        plan.corpus.will_read(share, pos, end=sh.length)  # remote shards: fetched in this order
+        while pos < n:
+            # batches every rank delivers: the count, or a bound while it is being counted
+            # (``ndp.loader.count``; a stopped producer abandons the wait)
+            cap, exact = sh.count.bound(done, stop.is_set)
+            if done >= cap:
+                break
             slot = self.ring.acquire(stop)
             if slot is None:
                 return None
@@ -86,7 +93,8 @@ class Producer:
             size = min(self._size, cap - done)
             # packed: the chunk that makes the epoch's last batch reads to the share's end when
             # that is all it needs, so that the leftover packets are decoded and counted
-            own_end = sh.length if plan.mode == "packed" and size == cap - done else None
+            own_end = (sh.length if plan.mode == "packed" and exact and size == cap - done
+                       else None)
             chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size, own_end)
             self._size = min(2 * self._size, self.chunks.chunk_batches)
             layout = chunk.layout
@@ -113,6 +121,7 @@ class Producer:
                 break
             if not layout.batches:
                 break
+        cap = sh.count.batches(stop.is_set)
         if done < cap:
             raise DataError(
                 f"rank {plan.rank}: epoch {epoch} holds too few valid tokens to deliver the "

@@ -21,6 +21,7 @@ import zlib
 from typing import Any
 
 from ndp.errors import LoaderStateError
+from ndp.loader.order import OLD_ORDERS
 from ndp.loader.plan import Plan
 
 #: the settings a state must have been made with, besides the dataset
@@ -68,6 +69,14 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
             f"longer makes (it now shuffles documents across windows of shards, "
             f"{mine['order']!r}): its position would name other packets. Resume from the start "
             f"of its epoch (set 'pos', 'tok' and 'batch' to 0, and delete 'check')")
+    old_order = state.get("order") in OLD_ORDERS and version not in OLDER
+    if old_order and state.get("shuffle") and (state.get("pos") or state.get("tok")
+                                               or state.get("batch")):
+        raise LoaderStateError(
+            f"loader state is mid-epoch in the shuffled order {state.get('order')!r}, which "
+            f"this ndp no longer makes (it now permutes each window place by place, "
+            f"{mine['order']!r}): its position would name other packets. Resume from the start "
+            f"of its epoch (set 'pos', 'tok' and 'batch' to 0, and delete 'check')")
     if version in (1, 2) and mine["world_size"] > 1 and (state.get("pos") or state.get("tok")):
         raise LoaderStateError(
             f"loader state version {version} was written before every rank delivered the same "
@@ -101,7 +110,8 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
             continue  # older states did not record it
         if key == "mix_size" and key not in state and mine[key] == "shortest":
             continue  # states before mix_size existed mixed this way
-        if key in ("order", "shuffle_window") and version in OLDER:
+        if key in ("order", "shuffle_window") and version in OLDER or (
+                key == "order" and old_order):
             continue  # refused above where the order matters
         if state.get(key) != mine[key]:
             elastic = (" (to continue its epoch on another number of ranks or another batch "

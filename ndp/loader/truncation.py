@@ -12,10 +12,11 @@ on either backend); a corrupt packet, dropped as it is decoded, is counted here 
 Pretraining text read as padded rows lost 37% of its tokens in a trial, silently: ``packed``
 windows run across packets and cut nothing. The converter warns past the same share of the
 tokens its own truncation cuts (``ndp.convert.options.TRUNCATION_WARN``).
-The plan's pass over the epoch's windows (``ndp.loader.epoch``) counts it from the token counts
-it reads window by window, in index order; with mixing or in an elastic remainder (planned
-whole) it is one gather of the share's token counts, on the consumer's thread when a loop
-starts the epoch. Nothing per batch, no device work, no host wait.
+The epoch's count (``ndp.loader.count``, on the plan's thread) or the plan's pass with CRC-Drop
+(``ndp.loader.epoch``) counts it from the token counts it reads window by window, in index
+order; with mixing or in an elastic remainder (planned whole) it is one gather of the share's
+token counts, on the consumer's thread when a loop starts the epoch. Nothing per batch, no
+device work, no host wait (``CutReport``: when the report comes).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class Cut:
     longer: int  #: packets longer than ``seq_len``
     longest: int  #: tokens of the longest packet
 
+    def plus(self, other: Cut) -> Cut:
+        """The cut of both sets of packets."""
+        return Cut(self.tokens + other.tokens, self.truncated + other.truncated,
+                   self.longer + other.longer, max(self.longest, other.longest))
+
 
 def cut_of(tokens: np.ndarray, seq_len: int) -> Cut:
     """The ``Cut`` of rows of ``seq_len`` over packets of ``tokens`` tokens each."""
@@ -49,24 +55,55 @@ def cut_of(tokens: np.ndarray, seq_len: int) -> Cut:
     return Cut(int(tokens.sum()), int(over[long].sum()), int(long.sum()), int(tokens.max()))
 
 
+#: a padded epoch of at most this many packets has its cut counted before its first batch
+#: (milliseconds); a larger one reports it at the first batch after the plan's thread counted it
+WAIT_PACKETS = 1 << 20
+
+
 class CutReport:
     """Once per epoch, when a loop starts it (or takes it up after a resume): the padded cut
     of this rank's share into ``stats.epoch_tokens`` and ``stats.epoch_truncated_tokens``,
     and a warning if it is more than ``WARN_PERCENT`` of the tokens. Padded mode only
     (``packed`` cuts nothing; ``packing`` rows cut too, but which packets an epoch reaches
-    is known only as its batches are laid out)."""
+    is known only as its batches are laid out). The cut is counted by the epoch's count
+    (``ndp.loader.count``): before the first batch for a dataset of up to ``WAIT_PACKETS``,
+    else at the first batch (``poll``) after it is counted, seconds into the epoch at 1e8."""
 
     def __init__(self, plan: Any, stats: Any) -> None:
         self.plan, self.stats = plan, stats
-        self._epoch: int | None = None  # the epoch last reported
+        self._epoch: int | None = None  # the epoch last reported, or being counted
+        self._pending = False  # its cut is still being counted
 
     def start(self, epoch: int) -> None:
         """A loop starts (or takes up) ``epoch``: count and warn, unless done for it already."""
         plan = self.plan
         if plan.mode != "padded" or epoch == self._epoch:
             return
-        self._epoch = epoch
+        self._epoch, self._pending = epoch, True
         share = plan.share(epoch)
+        if share.cut is None and plan.corpus.n_packets <= WAIT_PACKETS:
+            share.count.counted()
+        self._report(wait=False)
+
+    def end(self) -> None:
+        """The epoch ended: report its cut if not done yet (waiting for the count)."""
+        if self._pending:
+            self._report(wait=True)
+
+    def poll(self) -> None:
+        """Report the epoch's cut if it was being counted and is counted now (a batch was
+        delivered: cheap unless it is)."""
+        if self._pending:
+            self._report(wait=False)
+
+    def _report(self, *, wait: bool) -> None:
+        plan, epoch = self.plan, self._epoch
+        share = plan.share(epoch)
+        if share.cut is None and not share.count.final:
+            if not wait:
+                return
+            share.count.counted()
+        self._pending = False
         cut = share.cut if share.cut is not None else cut_of(
             plan.corpus.tokens[share.packets[:share.length]], plan.seq_len)
         self.stats.epoch_tokens, self.stats.epoch_truncated_tokens = cut.tokens, cut.truncated
@@ -80,4 +117,4 @@ class CutReport:
             f"{cut.longest:,} tokens), and a row keeps a packet's first `seq_len` tokens. For "
             f"pretraining data use `mode='packed'` (windows across packets: no token is cut); "
             f"for SFT examples, a larger `seq_len`. Counted in stats.epoch_truncated_tokens",
-            stacklevel=3)  # the user's loop
+            stacklevel=4)  # the user's loop

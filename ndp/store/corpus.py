@@ -258,14 +258,15 @@ class Corpus:
                           where=self.shards[s].index_path, data=data,
                           at=None if at is None else at[mine])
 
-    def will_read(self, share: np.ndarray, pos: int) -> None:
-        """A reader will read the packets ``share`` in order, from position ``pos`` on: remote
-        datasets fetch their shards in that order (``ndp.store.prefetch``). Nothing for local
-        shards."""
+    def will_read(self, share: Any, pos: int, end: int | None = None) -> None:
+        """A reader will read the packets ``share[:end]`` in order, from position ``pos`` on:
+        remote datasets fetch their shards in that order (``ndp.store.prefetch``). Nothing for
+        local shards (``share`` is not read)."""
         if not self.remotes:
             return
         from ndp.store.prefetch import Prefetcher
 
+        share = np.asarray(share[:end])
         shard_ids = self.shard_of(share)
         n = len(self.shards)
         first = np.full(n, -1, np.int64)

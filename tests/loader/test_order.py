@@ -188,7 +188,7 @@ def test_the_shuffle_window_is_part_of_the_state(groups):
     next(it)
     state = a.state_dict()
     a.close()
-    assert state["shuffle_window"] == 1 << 20 and state["order"] == "windows-v1"
+    assert state["shuffle_window"] == 1 << 20 and state["order"] == "windows-v2"
     with pytest.raises(LoaderStateError, match="shuffle_window"):
         Loader(groups["web"], mode="padded", batch_size=5, seq_len=8, backend="cpu",
                output="arrays", shuffle_window="all").load_state_dict(state)

@@ -15,6 +15,7 @@ import pytest
 from ndp.loader.order import drop_mask, drop_ranges, epoch_order, epoch_windows, windows
 from ndp.loader.packing import count_batches, count_batches_by_rank
 from ndp.loader.plan import Plan
+from ndp.loader.shuffle import permute, round_keys
 from ndp.store.corpus import Corpus
 from ndp.wire.packet import encode_tokens
 
@@ -25,14 +26,17 @@ UNEVEN = [1, 150, 3, 60, 2, 90, 7, 1, 33, 120, 5, 12, 48, 4, 200, 32]
 
 
 def old_order(base, shard_bytes, *, seed, epoch, shuffle, window_bytes):
-    """The epoch's order as ``epoch_order`` built it before it was walked window by window."""
+    """The epoch's order built whole (ORDER "windows-v2"): the shards permuted, cut into
+    windows, each window's packets permuted whole by its keyed permutation."""
     if not shuffle:
         return np.arange(base[-1], dtype=np.int64)
     rng = np.random.Generator(np.random.PCG64([seed, epoch, 0x0D3E]))
     parts = []
-    for window in windows(shard_bytes, rng.permutation(base.shape[0] - 1), window_bytes):
+    for k, window in enumerate(windows(shard_bytes, rng.permutation(base.shape[0] - 1),
+                                       window_bytes)):
         packets = np.concatenate([np.arange(base[s], base[s + 1]) for s in window.tolist()])
-        parts.append(packets[rng.permutation(packets.shape[0])])
+        n = packets.shape[0]
+        parts.append(packets[permute(np.arange(n), n, round_keys(seed, epoch, 0x0D3E, k))])
     return np.concatenate(parts).astype(np.int64)
 
 
@@ -110,6 +114,7 @@ def test_every_ranks_share_is_the_one_the_whole_order_gives(uneven, mode, world_
                         plan = plan_of(uneven, mode=mode, rank=rank, world_size=world_size,
                                        rate=rate, shuffle=shuffle, window=window)
                         sh = plan.share(epoch)
+                        sh.count.counted()  # the count made on the plan's thread, if any
                         want = oracle(plan, epoch, rank)
                         case = (mode, world_size, rank, rate, shuffle, window, epoch)
                         assert sh.packets.dtype == np.int64, case
@@ -167,6 +172,7 @@ def test_the_plan_holds_a_windows_packets_not_the_datasets(mode):
         plan = plan_of(corpus, mode=mode, rank=2, world_size=5, rate=rate, window=40_000,
                        batch_size=4, seq_len=512)
         sh = plan.share(3)
+        sh.count.counted()
         big = largest_window(plan, 3)
         assert corpus.n_packets > 50 * big
         assert 0 < plan.peak_plan_elements <= big + 2 * 5
@@ -174,7 +180,7 @@ def test_the_plan_holds_a_windows_packets_not_the_datasets(mode):
         assert np.array_equal(sh.packets, want[0])
         assert (sh.length, sh.batches, sh.dropped, sh.balanced) == want[1:]
     plan = plan_of(corpus, mode=mode, world_size=5, shuffle=False)
-    plan.share(0)
+    plan.share(0).count.counted()
     assert plan.peak_plan_elements <= 1 << 20  # ndp.loader.order.BLOCK, unshuffled
 
 
@@ -186,11 +192,12 @@ def test_planning_an_epoch_allocates_a_fraction_of_its_order():
         for rate in (0.0, 0.3):
             plan = plan_of(corpus, mode=mode, rank=63, world_size=64, rate=rate,
                            window=1_200_000, batch_size=8, seq_len=1024)
-            plan.share(0)  # compiled, warmed
+            plan.share(0).count.counted()  # compiled, warmed
             plan._shares = {}
             tracemalloc.start()
             try:
                 sh = plan.share(1)
+                sh.count.counted()  # on the plan's thread: traced too
                 peak = tracemalloc.get_traced_memory()[1]
             finally:
                 tracemalloc.stop()
@@ -259,6 +266,7 @@ def test_the_padded_cut_is_counted_in_the_pass_as_the_share_gives_it(uneven):
             plan = plan_of(uneven, mode="padded", rank=rank, world_size=3, rate=rate,
                            seq_len=11)
             share = plan.share(1)
+            share.count.counted()
             assert share.cut == cut_of(np.asarray(uneven.tokens[share.packets[:share.length]]),
                                        11)
             assert share.cut.truncated > 0
@@ -290,13 +298,23 @@ def test_a_pass_asked_to_stop_stops_and_stores_nothing(uneven):
     it is stopped: the pass gives up before its next window."""
     from ndp.loader.epoch import Stopped
 
-    plan = plan_of(uneven, mode="packed", world_size=3)
+    plan = plan_of(uneven, mode="packed", world_size=3, rate=0.3)  # CRC-Drop: planned in a pass
     with pytest.raises(Stopped):
         plan.share(1, stop=lambda: True)
     assert 1 not in plan._shares
     asked = []
     plan.share(1, stop=lambda: asked.append(1) and False)
     assert len(asked) >= 6 and 1 in plan._shares  # asked before every window
+    # without: the share is made at once and its count is a pass that stops the same way,
+    # left to be run again
+    plan = plan_of(uneven, mode="packed", world_size=3)
+    share = plan._share_lazy(1)
+    share.count.run(stop=lambda: True)
+    assert not share.count.final and not share.count.known
+    asked = []
+    share.count.run(stop=lambda: asked.append(1) and False)
+    assert len(asked) >= 6 and share.count.final
+    assert share.batches == plan_of(uneven, mode="packed", world_size=3).share(1).batches
 
 
 def test_share_tokens_are_the_index_counts_gathered_once_a_block(uneven, monkeypatch):

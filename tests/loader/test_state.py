@@ -140,3 +140,22 @@ def test_an_older_state_mid_epoch_in_a_shuffled_order_is_refused_at_an_epoch_sta
         warnings.simplefilter("ignore")  # version 1: no fingerprint; 3: no check
         loader.load_state_dict(state)
     assert loader.epoch == 1 and loader.state_dict()["pos"] == 0
+
+
+def test_a_state_mid_epoch_in_the_window_order_before_windows_v2_is_refused_at_its_start_taken(
+        dataset):
+    """Version 4 states made when each window's permutation was drawn whole ("windows-v1"):
+    their positions name other packets of a shuffled epoch now; an epoch's start does not."""
+    state = midway(dataset)
+    state["order"] = "windows-v1"
+    with pytest.raises(LoaderStateError, match="'windows-v1', which this ndp no longer makes"):
+        make(dataset, mode="packed").load_state_dict(seal(state))
+    start = seal({**state, "pos": 0, "tok": 0, "batch": 0, "epoch": 1})
+    loader = make(dataset, mode="packed")
+    loader.load_state_dict(start)
+    assert loader.epoch == 1 and loader.state_dict()["order"] == "windows-v2"
+    assert next(iter(loader)) is not None
+    plain = midway(dataset, shuffle=False)  # an unshuffled order did not change
+    loader = make(dataset, mode="packed", shuffle=False)
+    loader.load_state_dict(seal({**plain, "order": "windows-v1"}))
+    assert loader.state_dict()["pos"] == plain["pos"]

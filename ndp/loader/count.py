@@ -1,0 +1,177 @@
+"""An epoch's batch count, worked out while its batches are delivered (``Count``), and the
+pass that works it out for a share read place by place (``count_pass``).
+
+Every rank must deliver the same number of batches (``ndp.loader.plan``): in ``packed`` and
+``packing`` mode that is the smallest any rank's share makes by the index's token counts, a
+pass over every packet of the epoch (seconds at 1e8 packets). The producer does not wait for
+it: the pass runs on the plan's thread (``ndp-plan``) and publishes, block by block, a lower
+bound of the count (token sums and batch counts only grow as packets are added), and the
+producer delivers any batch below the bound, waiting only if it catches up with the pass
+(it never has in the benchmarks: the pass reads the index ~100x faster than batches are
+decoded). ``padded`` counts need no pass; its pass counts what rows cut (``Cut``) for the
+report, and nobody waits for it.
+
+The pass holds a block of ``BLOCK`` packets at a time (``packing``: and the token counts of
+one window, int32): it reads each window's index in file order and finds each packet's place
+in the epoch by the inverse permutation (``Window.places``), so the reads are sequential; only
+``packing``, whose count depends on the order, gathers in the order's places.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from ndp.loader.epoch import Stopped, window_tokens
+from ndp.loader.packing import count_batches_by_rank
+from ndp.loader.truncation import Cut, cut_of
+
+#: packets a pass handles at once
+BLOCK = 1 << 20
+
+
+class Count:
+    """An epoch's batch count: known (``batches``), or being counted by ``work`` (a callable
+    of this ``Count`` and a ``stop``, that ``publish``es bounds and ``finish``es), which
+    ``run`` runs once, on whichever thread asks first."""
+
+    def __init__(self, batches: int | None = None, *, cut: Cut | None = None,
+                 work: Callable[[Count, Any], None] | None = None) -> None:
+        self._cond = threading.Condition()
+        self._batches = batches
+        self._bound = batches if batches is not None else 0
+        self.cut = cut
+        self._work = work
+        self._error: BaseException | None = None
+        self._running = threading.Lock()
+        self.final = work is None  #: the pass is done (or there is none)
+        self.peak = 0  #: the most elements of any per-packet array the pass built
+
+    @property
+    def known(self) -> bool:
+        """The count is known (waiting for it returns at once)."""
+        return self._batches is not None
+
+    def publish(self, bound: int) -> None:
+        """At least ``bound`` batches: every rank delivers that many."""
+        with self._cond:
+            if bound > self._bound:
+                self._bound = bound
+                self._cond.notify_all()
+
+    def finish(self, batches: int | None = None, cut: Cut | None = None) -> None:
+        """The pass is done: the count (if it counted it) and the cut."""
+        with self._cond:
+            if batches is not None:
+                self._batches = self._bound = batches
+            if cut is not None:
+                self.cut = cut
+            self.final = True
+            self._cond.notify_all()
+
+    def run(self, stop: Any = None) -> None:
+        """Run the pass unless it is done or running (a ``Stopped`` pass is left undone, to
+        be run again; a failed one fails every wait on this count)."""
+        if self.final or not self._running.acquire(blocking=False):
+            return
+        try:
+            if not self.final:
+                self._work(self, stop)
+        except Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - raised to whoever waits for the count
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+        finally:
+            self._running.release()
+
+    def _wait(self, ready: Callable[[], bool], stop: Any) -> None:
+        while True:
+            with self._cond:
+                if self._error is not None:
+                    raise self._error
+                if ready():
+                    return
+                self._cond.wait(0.05)
+                if ready():
+                    return
+            if stop is not None and stop():
+                raise Stopped("waiting for an epoch's batch count stopped")
+            if not self._running.locked() and not self.final:
+                self.run(stop)  # nobody is counting (the plan's thread was stopped): count here
+
+    def batches(self, stop: Any = None) -> int:
+        """The count; waits for the pass if it is still counting."""
+        self._wait(lambda: self._batches is not None, stop)
+        return int(self._batches)
+
+    def counted(self, stop: Any = None) -> None:
+        """Wait for the pass to be done (the padded cut too)."""
+        self._wait(lambda: self.final, stop)
+
+    def bound(self, done: int, stop: Any = None) -> tuple[int, bool]:
+        """A number of batches above ``done`` that every rank delivers, or the count if it is
+        not above it: ``(batches, exact)``. Waits for the pass only while its bound is not
+        above ``done``; ``stop`` abandons the wait (``Stopped``)."""
+        self._wait(lambda: self._batches is not None or self._bound > done, stop)
+        with self._cond:
+            if self._batches is not None:
+                return int(self._batches), True
+            return self._bound, False
+
+
+def count_pass(corpus: Any, windows: list, *, rank: int, world_size: int, length: int,
+               mode: str, batch_size: int, seq_len: int, count: Count, stop: Any = None,
+               block: int = BLOCK) -> tuple[int | None, Cut | None]:
+    """Count ``windows``' epoch for a ``RankOrder`` share of ``length`` places a rank
+    (``ndp.loader.share``): ``packed``, every rank's token sum; ``packing``, every rank's
+    greedy batch count; ``padded``, this rank's ``Cut``. Publishes bounds to ``count`` (and
+    its ``peak``) as it goes; returns (the batch count, or None in padded mode; the cut, or
+    None), for the caller to ``finish`` it with."""
+    W, limit = world_size, length * world_size  # places from ``limit`` on are cut from all
+    sums = np.zeros(W, np.int64)
+    carry = np.zeros((3, W), np.int64)
+    cut = Cut(0, 0, 0, 0)
+    at = 0  # the epoch place of the window's first packet
+    for win in windows:
+        if at >= limit:
+            break
+        size = win.size
+        column = window_tokens(corpus, win) if mode == "packing" else None
+        count.peak = max(count.peak, 0 if column is None else size)
+        for a in range(0, size, block):
+            if stop is not None and stop():
+                raise Stopped("counting an epoch's batches stopped")
+            b = min(a + block, size)
+            count.peak = max(count.peak, b - a)
+            if mode == "packing":  # in the order's places: the greedy count follows the order
+                if at + a >= limit:
+                    break
+                toks = column[win.flat(np.arange(a, b, dtype=np.int64))]
+                off = (at + a) % W  # element i of the laid-out block is rank i % W's
+                lengths = np.zeros(off + b - a, np.int64)
+                lengths[off:] = toks
+                take = np.zeros(off + b - a, bool)
+                take[off:] = np.arange(at + a, at + b) < limit
+                count_batches_by_rank(lengths, take, W, batch_size, seq_len, carry)
+                count.publish(int(carry[2].min()))
+                continue
+            toks = window_tokens(corpus, win, a, b)  # in file order: the index read in order
+            places = at + win.places(np.arange(a, b, dtype=np.int64))
+            ranks = places % W
+            within = places < limit
+            if mode == "packed":
+                sums += np.bincount(ranks[within], weights=toks[within],
+                                    minlength=W).astype(np.int64)
+                count.publish(max(0, (int(sums.min()) - 1) // (batch_size * seq_len)))
+            else:
+                cut = cut.plus(cut_of(toks[within & (ranks == rank)], seq_len))
+        at += size
+    if mode == "packed":
+        return max(0, (int(sums.min()) - 1) // (batch_size * seq_len)), None
+    if mode == "packing":
+        return int(carry[2].min()), None
+    return None, cut

@@ -1,0 +1,102 @@
+"""An epoch's batch count made while its batches are delivered (ndp.loader.count): bounds
+that only grow, the producer delivering what is below them and waiting for the rest, a
+stopped count taken up again, a failed one raised to whoever waits; and the Loader's first
+batches come before the count is known, the same batches as ever."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import ndp.loader.plan as plan_module
+from ndp.loader.count import Count
+from ndp.loader.epoch import Stopped
+from ndp.loader.loader import Loader
+from ndp.wire.packet import encode_tokens
+
+from ndp_test_helpers import ramp, write_shards
+
+
+def started_count(work_after):
+    """A Count whose pass runs on a thread: publishes 3, then ``work_after(count)``."""
+    started, gate = threading.Event(), threading.Event()
+
+    def work(count, stop):
+        count.publish(3)
+        count.publish(2)  # a smaller bound is no news
+        started.set()
+        gate.wait(30)
+        work_after(count)
+
+    count = Count(work=work)
+    thread = threading.Thread(target=count.run)
+    thread.start()
+    started.wait(30)
+    return count, gate, thread
+
+
+def test_a_count_gives_its_bound_until_it_is_done():
+    count, gate, thread = started_count(lambda c: c.finish(7))
+    assert not count.known and not count.final
+    assert count.bound(0) == (3, False) and count.bound(2) == (3, False)
+    with pytest.raises(Stopped):
+        count.bound(3, stop=lambda: True)  # the producer stopped while it waits
+    gate.set()
+    assert count.bound(3) == (7, True) and count.batches() == 7
+    thread.join()
+    assert count.final and count.known and count.bound(9) == (7, True)
+
+
+def test_a_failed_count_fails_every_wait():
+    def fail(count):
+        raise OSError("index unreadable")
+
+    count, gate, thread = started_count(fail)
+    gate.set()
+    thread.join()
+    with pytest.raises(OSError, match="unreadable"):
+        count.batches()
+    with pytest.raises(OSError, match="unreadable"):
+        count.bound(5)
+
+
+def test_a_count_nobody_runs_is_run_by_who_waits_for_it():
+    """The plan's thread was stopped (a producer restarted): the count is made where asked."""
+    ran = []
+
+    def work(count, stop):
+        ran.append(threading.current_thread())
+        count.finish(4)
+
+    count = Count(work=work)
+    assert count.batches() == 4 and ran == [threading.current_thread()]
+    assert Count(9).final and Count(9).bound(20) == (9, True)  # known from the start
+
+
+@pytest.mark.parametrize("mode", ["packed", "packing"])
+def test_the_first_batches_come_before_the_epoch_is_counted(tmp_path, monkeypatch, mode):
+    write_shards(tmp_path, [encode_tokens(ramp(40 * k, 5 + k % 31)) for k in range(400)])
+    kw = dict(mode=mode, batch_size=2, seq_len=16, backend="cpu", output="arrays", seed=3)
+    want = [{k: v.copy() for k, v in b.items()} for b in Loader(tmp_path, **kw)]
+    gate = threading.Event()
+    real = plan_module.count_pass
+
+    def held(*args, **kwargs):  # the pass publishes its bounds, then is slow to finish
+        out = real(*args, **kwargs)
+        gate.wait(60)
+        return out
+
+    monkeypatch.setattr(plan_module, "count_pass", held)
+    loader = Loader(tmp_path, **kw)
+    it = iter(loader)
+    got = [{k: v.copy() for k, v in next(it).items()} for _ in range(5)]
+    assert not loader.plan.counted(0)  # five batches delivered, the count not known yet
+    gate.set()
+    got += [{k: v.copy() for k, v in b.items()} for b in it]
+    assert loader.plan.epoch_batches(0) == len(want) == len(got) > 5
+    for a, b in zip(got, want):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    loader.close()
+
