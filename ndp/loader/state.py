@@ -133,7 +133,10 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
     else:  # one rank (above): the batches before the position, by the index
         batch = _batches_before(plan, share, min(_int(state, "pos"), sh.length),
                                 _int(state, "tok"))
-    if not 0 <= batch <= sh.batches:
+    # batches every rank delivers, at least: the count, or (while the plan's thread counts
+    # it) a bound past ``batch``, so that a resume does not wait for the epoch's count
+    cap = sh.count.bound(batch - 1)[0] if batch > 0 else 0
+    if batch < 0 or batch > cap:
         raise LoaderStateError(f"loader state batch {batch} is outside epoch {epoch}, in which "
                                f"every rank delivers {sh.batches} batches")
     if not 0 <= pos <= n:

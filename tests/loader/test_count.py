@@ -100,3 +100,41 @@ def test_the_first_batches_come_before_the_epoch_is_counted(tmp_path, monkeypatc
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     loader.close()
 
+
+def test_a_resume_mid_epoch_does_not_wait_for_the_count(tmp_path, monkeypatch):
+    """load_state_dict checks the state's batch against the count's bound, not the count: a
+    resume at 1e8 packets does not wait for the pass; a batch past the count is still refused."""
+    write_shards(tmp_path, [encode_tokens(ramp(40 * k, 5 + k % 31)) for k in range(400)])
+    kw = dict(mode="packed", batch_size=2, seq_len=16, backend="cpu", output="arrays", seed=3)
+    first = Loader(tmp_path, **kw)
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    state, n = first.state_dict(), len(first)
+    rest = [{k: v.copy() for k, v in b.items()} for b in it]
+    first.close()
+    gate = threading.Event()
+    real = plan_module.count_pass
+
+    def held(*args, **kwargs):
+        out = real(*args, **kwargs)
+        gate.wait(60)
+        return out
+
+    monkeypatch.setattr(plan_module, "count_pass", held)
+    loader = Loader(tmp_path, **kw)
+    loader.load_state_dict(state)  # returns while the count is held
+    assert not loader.plan.counted(0)
+    gate.set()
+    got = [{k: v.copy() for k, v in b.items()} for b in loader]
+    assert len(got) == len(rest) == n - 4
+    for a, b in zip(got, rest):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    loader.close()
+    from ndp.errors import LoaderStateError
+    from ndp.loader.state import seal
+
+    with pytest.raises(LoaderStateError, match=f"batch {n + 1} is outside epoch 0, in which "
+                                               f"every rank delivers {n} batches"):
+        Loader(tmp_path, **kw).load_state_dict(
+            seal({**{k: v for k, v in state.items() if k != "check"}, "batch": n + 1}))
