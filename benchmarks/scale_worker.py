@@ -131,7 +131,16 @@ def worker(spec: dict) -> dict:
 
 
 def _reset_hwm() -> bool:
-    """Reset this process's VmHWM to its current RSS (Linux 4.0 on); whether it could."""
+    """Reset this process's VmHWM to its current RSS (Linux 4.0 on); whether it could. The
+    heap's free memory is given back first (glibc's ``malloc_trim``): the resume's own arrays
+    (``state_at`` gathers the share's token counts, hundreds of MB at 1e8) are freed by then,
+    but glibc keeps freed memory mapped, and it would count as the boundary's."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

@@ -28,8 +28,8 @@ from ndp.loader.epoch import Stopped, window_tokens
 from ndp.loader.packing import count_batches_by_rank
 from ndp.loader.truncation import Cut, cut_of
 
-#: packets a pass handles at once
-BLOCK = 1 << 20
+#: packets a pass handles at once (a few arrays of 8 bytes a packet: ~10 MB)
+BLOCK = 1 << 18
 
 
 class Count:

@@ -47,14 +47,17 @@ from ndp.loader.order import (
     epoch_order,
     epoch_windows,
     mix,
+    packets_at_once,
     rank_share,
 )
 from ndp.loader.packing import count_batches, plan as place
 from ndp.loader.share import RankOrder, Share
 from ndp.loader.sources import mix_sources
 from ndp.store.corpus import Corpus
+from ndp.wire.format import INDEX_ENTRY_DTYPE
 
 
+ENTRY_BYTES = INDEX_ENTRY_DTYPE.itemsize
 #: share positions whose token counts ``Plan.share_tokens`` gathers at once
 TOKEN_BLOCK = 1 << 14
 
@@ -78,6 +81,10 @@ class Plan:
         self._shares: dict[int, Share] = {}
         self._batches: dict[int, int] = {}  # each epoch's batch count, once planned
         self._shard_bytes = np.array([s.size for s in corpus.shards], np.int64)
+        cache = getattr(corpus, "entry_cache", None)
+        if cache is not None:  # the index entries of what a chunk may read among, held
+            cache.fit(ENTRY_BYTES * packets_at_once(np.diff(corpus.base), shuffle=shuffle,
+                                                    window=self._window_bytes))
         self._memo_share: np.ndarray | None = None
         self._memo: dict[int, int] = {}
         self._blocks_of: np.ndarray | None = None  # the share ``share_tokens`` remembers

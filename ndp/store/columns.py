@@ -128,8 +128,9 @@ class Column:
             n = local.stop - local.start if isinstance(local, slice) else local.shape[0]
             return np.full(n, self._corpus.shard_group[s], np.int64)
         index = self._corpus.indexes[s]
-        entries = index.passing() if passing and hasattr(index, "passing") else index.entries
-        return self._of(entries[local])
+        if passing and hasattr(index, "passing") and isinstance(local, slice):
+            return self._of(index.passing(local))  # only the range read, if not held
+        return self._of(index.entries[local])
 
     def __repr__(self) -> str:
         return f"Column({self.field!r}, {len(self)} packets)"

@@ -213,6 +213,10 @@ def check_size(shard_size: int, shard: Shard, where: Path | str) -> None:
             f"(stale index). Rebuild it with 'ndp index {shard.path}'.")
 
 
+#: index entries ``check_structure`` checks at once
+CHECK_BLOCK = 1 << 18
+
+
 def check_structure(index: Index, shard: Shard, *, where: Path | str | None = None,
                     headers: bool = True) -> None:
     """Raise ``IndexMismatchError`` unless ``index`` is what a framing scan of ``shard`` would
@@ -233,37 +237,42 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
       reads the whole shard from disk. Without it (``verify="size"``), the Loader checks each
       packet's header when it decodes it (``Corpus.check_headers``) and refuses a mismatch.
 
-    Payloads (CRC) are not read: the decoders check every packet they decode."""
+    Payloads (CRC) are not read: the decoders check every packet they decode. The entries are
+    checked ``CHECK_BLOCK`` at a time: what the check allocates does not grow with the shard."""
     where = where or shard.index_path
     hint = f"Rebuild it with 'ndp index {shard.path}'."
     size, start = shard.size, shard.header.data_offset
+    entries = index.entries
     n = len(index)
-    if n:
+    gaps: list[tuple[int, int]] = []  # (first byte, end) of each gap between packets
+    end = start  # where the packet before the block ends (the shard header, for the first)
+    for i in range(0, n, CHECK_BLOCK):
+        block = entries[i: i + CHECK_BLOCK]
         # unsigned, offsets first: a hostile offset near 2**63 or 2**64 must not wrap the sum
-        offsets = index.entries["offset"].astype(np.uint64)
-        lengths = index.entries["length"].astype(np.uint64)
-        ends = offsets + np.uint64(FRAME_BYTES) + lengths
+        offsets = block["offset"].astype(np.uint64)
+        ends = offsets + np.uint64(FRAME_BYTES) + block["length"].astype(np.uint64)
         if int(offsets.max()) > size or int(ends.max()) > size:
             raise IndexMismatchError(f"{where}: entries point past the end of the shard. {hint}")
-        if int(offsets[0]) < start:
+        if i == 0 and int(offsets[0]) < start:
             raise IndexMismatchError(f"{where}: an entry points into the shard header. {hint}")
-        if n > 1 and (offsets[1:] < ends[:-1]).any():
-            bad = int(np.flatnonzero(offsets[1:] < ends[:-1])[0])
+        before = np.concatenate([np.array([end], np.uint64), ends[:-1]])  # each one's gap start
+        if i and (offsets[:1] < before[:1]).any() or (offsets[1:] < before[1:]).any():
+            bad = i - 1 + int(np.flatnonzero(offsets < before)[0])
             raise IndexMismatchError(
-                f"{where}: entry {bad + 1} (byte {int(offsets[bad + 1])}) repeats or overlaps "
-                f"the packet before it; offsets must increase packet by packet. {hint}")
-        at = offsets.astype(np.int64)
+                f"{where}: entry {bad + 1} (byte {int(entries['offset'][bad + 1])}) repeats or "
+                f"overlaps the packet before it; offsets must increase packet by packet. {hint}")
         if headers:
-            check_headers(index.entries, np.arange(n), shard, where=where)
-        gap_starts = np.concatenate([[start], ends.astype(np.int64)])
-        gap_ends = np.concatenate([at, [size]])
-        if not headers:
-            check_headers(index.entries, np.flatnonzero(gap_ends[1:] > gap_starts[1:]), shard,
-                          where=where)
-    else:
-        gap_starts, gap_ends = np.array([start]), np.array([size])
-    for a, b in zip(gap_starts[gap_ends > gap_starts].tolist(),
-                    gap_ends[gap_ends > gap_starts].tolist()):
+            check_headers(entries, np.arange(i, i + block.shape[0]), shard, where=where)
+        gapped = np.flatnonzero(offsets > before)
+        if not headers:  # an entry a gap follows: its own header's fields (see above)
+            check_headers(entries, (i + gapped - 1)[i + gapped > 0], shard, where=where)
+        gaps += zip(before[gapped].tolist(), offsets[gapped].tolist())
+        end = int(ends[-1])
+    if size > end:
+        if n and not headers:
+            check_headers(entries, np.array([n - 1]), shard, where=where)
+        gaps.append((end, size))
+    for a, b in gaps:
         found = _first_packet(shard.read(a, b - a), 0)
         if found >= 0:
             found += a

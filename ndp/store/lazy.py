@@ -42,13 +42,20 @@ from ndp.wire.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES
 
 
 #: bytes of index entries a corpus holds at once by default (``NDP_INDEX_CACHE_BYTES``): two
-#: default shuffle windows' (1 GiB of shards each) of documents of ~100 tokens or more
+#: default shuffle windows' (1 GiB of shards each) of documents of ~100 tokens or more. A
+#: Loader sets its own, from the windows it reads (``EntryCache.fit``).
 DEFAULT_CACHE_BYTES = 512 << 20
+#: the least a Loader's cache holds (``EntryCache.fit``)
+LEAST_CACHE_BYTES = 32 << 20
+
+
+def _configured() -> str | None:
+    return os.environ.get("NDP_INDEX_CACHE_BYTES") or None
 
 
 def cache_budget() -> int:
     """``NDP_INDEX_CACHE_BYTES`` if set, else ``DEFAULT_CACHE_BYTES``."""
-    raw = os.environ.get("NDP_INDEX_CACHE_BYTES")
+    raw = _configured()
     if not raw:
         return DEFAULT_CACHE_BYTES
     try:
@@ -87,6 +94,16 @@ class EntryCache:
             while self._bytes > self.budget and len(self._held) > 1:
                 _, gone = self._held.popitem(last=False)
                 self._bytes -= gone.nbytes
+
+    def fit(self, need: int) -> None:
+        """Hold ``need`` bytes of entries (at least ``LEAST_CACHE_BYTES``), what a reader
+        reads among at once (a Loader: two shuffle windows' packets,
+        ``ndp.loader.order.packets_at_once``): more would only hold entries no chunk needs
+        soon (an epoch touches every shard), less would read a window's entries again and
+        again. ``NDP_INDEX_CACHE_BYTES``, when set, is kept."""
+        if _configured() is None:
+            with self._lock:
+                self.budget = max(int(need), LEAST_CACHE_BYTES)
 
     @property
     def held_bytes(self) -> int:
@@ -159,17 +176,21 @@ class LazyIndex:
                     self._read = True
         return got
 
-    def passing(self) -> np.ndarray:
-        """The entries for a reader passing through every shard once (the plan's pass over an
-        epoch): the held ones if held, else (once checked) read without being held, so that the
-        pass does not push out the entries the decoder is using."""
+    def passing(self, local: slice = slice(None)) -> np.ndarray:
+        """Entries ``local`` for a reader passing through every shard once (the plan's count
+        of an epoch, a block of packets at a time): from the held ones if held, else (once
+        checked) only that range read, without being held, so that the pass does not push out
+        the entries the decoder is using."""
         got = self._pinned
         if got is None:
             got = self._cache.get(id(self))
         if got is None and self._read:
             with self._lock:
-                got = self._pinned if self._pinned is not None else self._read_entries()
-        return got if got is not None else self.entries
+                if self._pinned is not None:
+                    return self._pinned[local]
+                start, stop, _ = local.indices(self._n)
+                return self._read_entries(start, max(start, stop))
+        return (got if got is not None else self.entries)[local]
 
     @property
     def offsets(self) -> np.ndarray:
@@ -182,10 +203,11 @@ class LazyIndex:
                         self.shard, where=self.path, headers=False)
         return entries
 
-    def _read_entries(self) -> np.ndarray:
-        """The entries as the file holds them now, its header the one the dataset was opened
-        with (``IndexMismatchError`` otherwise)."""
+    def _read_entries(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """The entries ``start`` to ``stop`` (all by default) as the file holds them now, its
+        header the one the dataset was opened with (``IndexMismatchError`` otherwise)."""
         path = self.path
+        stop = self._n if stop is None else stop
         with path.open("rb") as f:
             head = f.read(INDEX_HEADER_BYTES)
             size = os.fstat(f.fileno()).st_size
@@ -194,8 +216,10 @@ class LazyIndex:
                     f"{path}: changed since the dataset was opened (its header says other "
                     f"counts now). Rebuild it with 'ndp index {self.shard.path}' and open the "
                     f"dataset again.")
-            entries = np.fromfile(f, dtype=INDEX_ENTRY_DTYPE, count=self._n)
-        if entries.shape[0] != self._n:
+            if start:
+                f.seek(INDEX_HEADER_BYTES + start * INDEX_ENTRY_DTYPE.itemsize)
+            entries = np.fromfile(f, dtype=INDEX_ENTRY_DTYPE, count=stop - start)
+        if entries.shape[0] != stop - start:
             raise IndexMismatchError(f"{path}: cut short while read. Rebuild it with "
                                      f"'ndp index {self.shard.path}'.")
         return entries

@@ -33,7 +33,7 @@ def old_order(base, shard_bytes, *, seed, epoch, shuffle, window_bytes):
     rng = np.random.Generator(np.random.PCG64([seed, epoch, 0x0D3E]))
     parts = []
     for k, window in enumerate(windows(shard_bytes, rng.permutation(base.shape[0] - 1),
-                                       window_bytes)):
+                                       window_bytes, np.diff(base))):
         packets = np.concatenate([np.arange(base[s], base[s + 1]) for s in window.tolist()])
         n = packets.shape[0]
         parts.append(packets[permute(np.arange(n), n, round_keys(seed, epoch, 0x0D3E, k))])

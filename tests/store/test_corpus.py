@@ -214,6 +214,28 @@ def test_a_pass_through_every_shard_does_not_push_out_the_entries_in_use(twelve_
     assert cache.reads == reads  # read in passing: not through the cache
     corpus.tokens[np.arange(0, 30)]
     assert cache.reads == reads  # still held
+    for a, b in [(5, 27), (31, 32), (44, 119), (0, 0)]:  # parts of shards, held or not
+        assert corpus.tokens.passing(a, b).tolist() == want[a:b]
+    assert cache.reads == reads
+
+
+def test_a_loader_holds_the_entries_of_two_windows_unless_told(twelve_shards, monkeypatch):
+    """``EntryCache.fit``: a Loader's cache holds what a chunk may read among (two windows of
+    at most WINDOW_PACKETS, two shards unshuffled, everything for "all"), at least
+    LEAST_CACHE_BYTES; NDP_INDEX_CACHE_BYTES, when set, is kept."""
+    import ndp.loader.order as order
+    from ndp.loader.loader import Loader
+
+    path, _ = twelve_shards
+    entry = INDEX_ENTRY_DTYPE.itemsize
+    monkeypatch.setattr("ndp.store.lazy.LEAST_CACHE_BYTES", 0)
+    monkeypatch.setattr(order, "WINDOW_PACKETS", 25)
+    kw = dict(mode="padded", batch_size=2, seq_len=8, backend="cpu", output="arrays")
+    assert Loader(path, **kw).corpus.entry_cache.budget == 2 * 25 * entry
+    assert Loader(path, shuffle=False, **kw).corpus.entry_cache.budget == 2 * 10 * entry
+    assert Loader(path, shuffle_window="all", **kw).corpus.entry_cache.budget == 120 * entry
+    monkeypatch.setenv("NDP_INDEX_CACHE_BYTES", "1000")
+    assert Loader(path, **kw).corpus.entry_cache.budget == 1000
 
 
 def test_a_bad_index_cache_size_is_a_named_error(twelve_shards, monkeypatch):

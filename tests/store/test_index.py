@@ -632,10 +632,15 @@ LIES = ["length_bit", "repeated_offset", "subset", "empty", "offset_off_by_one",
 HEADER_LIES = {"typ"}
 
 
+@pytest.mark.parametrize("block", [None, 2])  # check_structure's blocks: one, or many
 @pytest.mark.parametrize("verify", ["size", "full"])
 @pytest.mark.parametrize("case", LIES)
-def test_an_index_that_lies_is_refused_or_rebuilt_never_trusted(indexed, case, verify):
+def test_an_index_that_lies_is_refused_or_rebuilt_never_trusted(indexed, case, verify, block,
+                                                                 monkeypatch):
     from ndp.store.index import check_headers
+
+    if block:
+        monkeypatch.setattr("ndp.store.index.CHECK_BLOCK", block)
 
     path, stream = indexed
     shard = Shard(path)
@@ -654,8 +659,11 @@ def test_an_index_that_lies_is_refused_or_rebuilt_never_trusted(indexed, case, v
     assert rebuilt.entries.tobytes() == index.entries.tobytes()  # what a scan says, exactly
 
 
-def test_a_sound_index_of_a_damaged_shard_is_accepted_as_it_is(tmp_path):
+@pytest.mark.parametrize("block", [None, 1, 2])  # check_structure's blocks
+def test_a_sound_index_of_a_damaged_shard_is_accepted_as_it_is(tmp_path, block, monkeypatch):
     """Gaps between entries are fine where they are the corrupt regions a scan records."""
+    if block:
+        monkeypatch.setattr("ndp.store.index.CHECK_BLOCK", block)
     packets = [s.encode() for s in ramp_specs([4, 9, 3, 6, 5])]
     garbage = bytes(range(1, 40))  # no sync byte, no packet
     stream = build_gappy_stream(packets, [b"", garbage, b"", garbage, b"", garbage], header=True)
