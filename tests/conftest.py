@@ -60,6 +60,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ndp"))
 sys.modules.setdefault("ndp_test_helpers", sys.modules[__name__])
 
 
+@pytest.fixture(autouse=True)
+def _own_count_cache(tmp_path_factory, monkeypatch):
+    """Each test's shared epoch counts (``ndp.loader.shared_count``) in a folder of its own:
+    none is written to ~/.cache, and none made by one test is found by another."""
+    monkeypatch.setenv("NDP_COUNT_CACHE", str(tmp_path_factory.mktemp("counts")))
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip ``gpu`` tests, saying why, unless a real CUDA device can be used."""
     from ndp.engine.backend import cuda_unavailable_reason, simulated

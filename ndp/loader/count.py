@@ -26,7 +26,7 @@ import numpy as np
 
 from ndp.loader.epoch import Stopped, window_tokens
 from ndp.loader.packing import count_batches_by_rank
-from ndp.loader.truncation import Cut, cut_of
+from ndp.loader.truncation import Cut
 
 #: packets a pass handles at once (a few arrays of 8 bytes a packet: ~10 MB)
 BLOCK = 1 << 18
@@ -123,18 +123,25 @@ class Count:
             return self._bound, False
 
 
-def count_pass(corpus: Any, windows: list, *, rank: int, world_size: int, length: int,
-               mode: str, batch_size: int, seq_len: int, count: Count, stop: Any = None,
-               block: int = BLOCK) -> tuple[int | None, Cut | None]:
-    """Count ``windows``' epoch for a ``RankOrder`` share of ``length`` places a rank
+def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode: str,
+               batch_size: int, seq_len: int, count: Count, stop: Any = None,
+               publish: Callable[[int], None] | None = None, block: int = BLOCK
+               ) -> tuple[int | None, list[Cut] | None]:
+    """Count ``windows``' epoch for ``RankOrder`` shares of ``length`` places a rank
     (``ndp.loader.share``): ``packed``, every rank's token sum; ``packing``, every rank's
-    greedy batch count; ``padded``, this rank's ``Cut``. Publishes bounds to ``count`` (and
-    its ``peak``) as it goes; returns (the batch count, or None in padded mode; the cut, or
-    None), for the caller to ``finish`` it with."""
+    greedy batch count; ``padded``, every rank's ``Cut``. Publishes bounds to ``count`` (and
+    ``publish``; its ``peak`` too) as it goes; returns (the batch count, or None in padded
+    mode; the cut of each rank, or None), for the caller to ``finish`` it with."""
     W, limit = world_size, length * world_size  # places from ``limit`` on are cut from all
     sums = np.zeros(W, np.int64)
     carry = np.zeros((3, W), np.int64)
-    cut = Cut(0, 0, 0, 0)
+    cuts = np.zeros((4, W), np.int64)  # per rank: tokens, truncated, longer, longest
+
+    def bound(value: int) -> None:
+        count.publish(value)
+        if publish is not None:
+            publish(value)
+
     at = 0  # the epoch place of the window's first packet
     for win in windows:
         if at >= limit:
@@ -157,21 +164,24 @@ def count_pass(corpus: Any, windows: list, *, rank: int, world_size: int, length
                 take = np.zeros(off + b - a, bool)
                 take[off:] = np.arange(at + a, at + b) < limit
                 count_batches_by_rank(lengths, take, W, batch_size, seq_len, carry)
-                count.publish(int(carry[2].min()))
+                bound(int(carry[2].min()))
                 continue
             toks = window_tokens(corpus, win, a, b)  # in file order: the index read in order
             places = at + win.places(np.arange(a, b, dtype=np.int64))
-            ranks = places % W
             within = places < limit
+            ranks, toks = places[within] % W, toks[within].astype(np.int64)
             if mode == "packed":
-                sums += np.bincount(ranks[within], weights=toks[within],
-                                    minlength=W).astype(np.int64)
-                count.publish(max(0, (int(sums.min()) - 1) // (batch_size * seq_len)))
+                sums += np.bincount(ranks, weights=toks, minlength=W).astype(np.int64)
+                bound(max(0, (int(sums.min()) - 1) // (batch_size * seq_len)))
             else:
-                cut = cut.plus(cut_of(toks[within & (ranks == rank)], seq_len))
+                over = np.maximum(toks - seq_len, 0)
+                cuts[0] += np.bincount(ranks, weights=toks, minlength=W).astype(np.int64)
+                cuts[1] += np.bincount(ranks, weights=over, minlength=W).astype(np.int64)
+                cuts[2] += np.bincount(ranks[over > 0], minlength=W)
+                np.maximum.at(cuts[3], ranks, toks)
         at += size
     if mode == "packed":
         return max(0, (int(sums.min()) - 1) // (batch_size * seq_len)), None
     if mode == "packing":
         return int(carry[2].min()), None
-    return None, cut
+    return None, [Cut(*(int(v) for v in cuts[:, r])) for r in range(W)]

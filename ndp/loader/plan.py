@@ -37,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from ndp.loader.count import Count, count_pass
+from ndp.loader.count import Count
 from ndp.loader.epoch import plan_epoch
 from ndp.loader.order import (
+    ORDER,
     WINDOW_BYTES,
     check_mix_size,
     check_window,
@@ -52,6 +53,7 @@ from ndp.loader.order import (
 )
 from ndp.loader.packing import count_batches, plan as place
 from ndp.loader.share import RankOrder, Share
+from ndp.loader.shared_count import epoch_count
 from ndp.loader.sources import mix_sources
 from ndp.store.corpus import Corpus
 from ndp.wire.format import INDEX_ENTRY_DTYPE
@@ -218,7 +220,8 @@ class Plan:
 
     def _share_lazy(self, epoch: int) -> Share:
         """The share read place by place (``ndp.loader.share.RankOrder``), its batch count
-        (and padded cut) left to a ``count_pass``."""
+        (and padded cut) found written or left to a count made on the plan's thread
+        (``ndp.loader.shared_count.epoch_count``)."""
         n, W = int(self.corpus.n_packets), self.world_size
         length = n // W
         windows = list(epoch_windows(self.corpus.base, seed=self.seed, epoch=epoch,
@@ -226,20 +229,27 @@ class Plan:
                                      window_bytes=self._window_bytes))
         order = RankOrder(windows, rank=self.rank, world_size=W, length=length,
                           repeat=self.mode == "packed")
+        known = -(-length // self.batch_size) if self.mode == "padded" else None
 
-        def work(count: Count, stop: Any) -> None:
-            batches, cut = count_pass(self.corpus, windows, rank=self.rank, world_size=W,
-                                      length=length, mode=self.mode,
-                                      batch_size=self.batch_size, seq_len=self.seq_len,
-                                      count=count, stop=stop)
-            self.peak_plan_elements = count.peak
+        def done(batches: int | None, peak: int) -> None:
+            self.peak_plan_elements = peak
             with self._store:
                 self._batches[epoch] = known if batches is None else batches
-            count.finish(batches, cut)
 
-        known = -(-length // self.batch_size) if self.mode == "padded" else None
+        count = epoch_count(self.corpus, windows, self.count_fields(epoch), rank=self.rank,
+                            world_size=W, length=length, mode=self.mode,
+                            batch_size=self.batch_size, seq_len=self.seq_len, known=known,
+                            done=done)
         own = (n - self.rank + W - 1) // W  # this rank's places of the epoch
-        return Share(order, length, Count(known, work=work), 0, {}, {}, own - length)
+        return Share(order, length, count, 0, {}, {}, own - length)
+
+    def count_fields(self, epoch: int) -> dict:
+        """What ``epoch``'s count depends on: its key among shared counts
+        (``ndp.loader.shared_count``)."""
+        return {"fingerprint": getattr(self.corpus, "fingerprint", None), "order": ORDER,
+                "mode": self.mode, "batch_size": self.batch_size, "seq_len": self.seq_len,
+                "world_size": self.world_size, "seed": self.seed, "epoch": epoch,
+                "shuffle": self.shuffle, "shuffle_window": self.shuffle_window}
 
     def epoch_batches(self, epoch: int) -> int:
         """``share(epoch).batches`` (``len(loader)``), without planning the epoch again once

@@ -65,6 +65,24 @@ class Producer:
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             put(Failure(exc))
 
+    def _next_size(self, count: Any, done: int, stop: Any) -> tuple[int, bool] | None:
+        """Batches of the next chunk, and whether it ends the epoch (``None``: the epoch is
+        delivered). Below the count, or the bound every rank delivers while it is being made
+        (``ndp.loader.count``; a stopped producer abandons the wait): a chunk stops a batch
+        short of a bound, so that no chunk ends the epoch before the count says it does (the
+        batches and what is counted do not depend on how far the count had got)."""
+        want = done
+        while True:
+            cap, exact = count.bound(want, stop)
+            if done >= cap:
+                return None
+            size = min(self._size, cap - done)
+            if exact or size < cap - done:
+                return size, exact and size == cap - done
+            if size > 1:
+                return size - 1, False
+            want = cap  # one batch below the bound: wait for a bound past it, or the count
+
     def _epoch(self, state: dict, put: Any, stop: threading.Event) -> tuple | None:
         """The chunks of the rest of ``state``'s epoch; returns the epoch's end item (None if
         stopped)."""
@@ -81,20 +99,17 @@ class Producer:
         end: dict = {}
         plan.corpus.will_read(share, pos, end=sh.length)  # remote shards: fetched in this order
         while pos < n:
-            # batches every rank delivers: the count, or a bound while it is being counted
-            # (``ndp.loader.count``; a stopped producer abandons the wait)
-            cap, exact = sh.count.bound(done, stop.is_set)
-            if done >= cap:
+            step = self._next_size(sh.count, done, stop.is_set)
+            if step is None:
                 break
+            size, last = step
             slot = self.ring.acquire(stop)
             if slot is None:
                 return None
             plan.corpus.advance(pos)
-            size = min(self._size, cap - done)
             # packed: the chunk that makes the epoch's last batch reads to the share's end when
             # that is all it needs, so that the leftover packets are decoded and counted
-            own_end = (sh.length if plan.mode == "packed" and exact and size == cap - done
-                       else None)
+            own_end = sh.length if plan.mode == "packed" and last else None
             chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size, own_end)
             self._size = min(2 * self._size, self.chunks.chunk_batches)
             layout = chunk.layout

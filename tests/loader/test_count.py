@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-import ndp.loader.plan as plan_module
+import ndp.loader.count as count_module
 from ndp.loader.count import Count
 from ndp.loader.epoch import Stopped
 from ndp.loader.loader import Loader
@@ -79,26 +79,35 @@ def test_a_count_nobody_runs_is_run_by_who_waits_for_it():
 def test_the_first_batches_come_before_the_epoch_is_counted(tmp_path, monkeypatch, mode):
     write_shards(tmp_path, [encode_tokens(ramp(40 * k, 5 + k % 31)) for k in range(400)])
     kw = dict(mode=mode, batch_size=2, seq_len=16, backend="cpu", output="arrays", seed=3)
-    want = [{k: v.copy() for k, v in b.items()} for b in Loader(tmp_path, **kw)]
+    first = Loader(tmp_path, **kw)
+    want = [{k: v.copy() for k, v in b.items()} for b in first]
     gate = threading.Event()
-    real = plan_module.count_pass
+    real = count_module.count_pass
 
     def held(*args, **kwargs):  # the pass publishes its bounds, then is slow to finish
         out = real(*args, **kwargs)
         gate.wait(60)
         return out
 
-    monkeypatch.setattr(plan_module, "count_pass", held)
+    monkeypatch.setattr(count_module, "count_pass", held)
+    monkeypatch.setenv("NDP_COUNT_CACHE", "off")  # counted here, not found written
     loader = Loader(tmp_path, **kw)
     it = iter(loader)
-    got = [{k: v.copy() for k, v in next(it).items()} for _ in range(5)]
-    assert not loader.plan.counted(0)  # five batches delivered, the count not known yet
+    # every batch but the last comes while the count is held (its bound is the count)
+    got = [{k: v.copy() for k, v in next(it).items()} for _ in range(len(want) - 1)]
+    assert not loader.plan.counted(0)
     gate.set()
     got += [{k: v.copy() for k, v in b.items()} for b in it]
     assert loader.plan.epoch_batches(0) == len(want) == len(got) > 5
     for a, b in zip(got, want):
         assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    # and what is counted: the last chunk read to the share's end only once the count said
+    # it was the last (packed: the leftover packets' tokens counted as unused)
+    timeless = [{k: v for k, v in x.stats.as_dict().items() if k != "wait_seconds"}
+                for x in (loader, first)]
+    assert timeless[0] == timeless[1]
     loader.close()
+    first.close()
 
 
 def test_a_resume_mid_epoch_does_not_wait_for_the_count(tmp_path, monkeypatch):
@@ -114,14 +123,15 @@ def test_a_resume_mid_epoch_does_not_wait_for_the_count(tmp_path, monkeypatch):
     rest = [{k: v.copy() for k, v in b.items()} for b in it]
     first.close()
     gate = threading.Event()
-    real = plan_module.count_pass
+    real = count_module.count_pass
 
     def held(*args, **kwargs):
         out = real(*args, **kwargs)
         gate.wait(60)
         return out
 
-    monkeypatch.setattr(plan_module, "count_pass", held)
+    monkeypatch.setattr(count_module, "count_pass", held)
+    monkeypatch.setenv("NDP_COUNT_CACHE", "off")  # counted here, not found written
     loader = Loader(tmp_path, **kw)
     loader.load_state_dict(state)  # returns while the count is held
     assert not loader.plan.counted(0)
