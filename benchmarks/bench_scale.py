@@ -7,6 +7,7 @@ is the driver: the command line, the measured processes it runs, the fitted mode
     python benchmarks/bench_scale.py --sizes 1e6,1e7 --modes packed --worlds 8
     python benchmarks/bench_scale.py --at 1e8:worlds=8:modes=padded,packed:node=no
     python benchmarks/bench_scale.py --quick                  # 1e4 and 1e5: a smoke run
+    python benchmarks/bench_scale.py --peers torchdata,litdata  # and the peers: scale_peers.py
     python benchmarks/bench_scale.py --out benchmarks/results # adds to the project's record
 
 ``scale-<time>.json`` goes to ``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``;
@@ -223,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"of at most {CHECK_STATES_BATCHES:,} batches)")
     parser.add_argument("--verify-max", type=parse_size, default=10**7,
                         help="run 'ndp verify' on datasets of at most this many documents")
+    parser.add_argument("--peers", default="", help="also torchdata, litdata (comma-separated) "
+                        "on the same documents, rank 0 of 1: scale_peers.py (default: none)")
     parser.add_argument("--data", type=Path, default=Path("/tmp/ndp-scale-data"),
                         help="where the generated datasets live (reused across runs)")
     add_out_argument(parser, OUT_HELP)
@@ -243,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     if set(modes) - set(MODES):
         parser.error(f"--modes: unknown {sorted(set(modes) - set(MODES))}")
     worlds = [int(w) for w in args.worlds.split(",")]
+    peer_list = [p for p in args.peers.split(",") if p]
+    if peer_list:
+        import scale_peers
+        if set(peer_list) - set(scale_peers.PEERS):
+            parser.error(f"--peers: unknown {sorted(set(peer_list) - set(scale_peers.PEERS))}")
     data = args.data.resolve()
     repo = Path(__file__).resolve().parent.parent
     if data == repo or repo in data.parents:
@@ -295,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         finish_worker(run_worker({"data": str(warm_dir), "mode": mode, "batch": args.batch,
                                   "seq": args.seq, "rank": 0, "world": 1, "boundary": 2},
                                  data), f"warm-up {mode}")
+    if peer_list:
+        scale_peers.warm_up(data, args, peer_list, report)
     print(f"ndp from {Path(ndp_file).parent}; data in {data}", flush=True)
 
     for n in sizes:
@@ -372,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {mode:8s} node of {world}: slowest open + first batch "
                       f"{node['open_plus_first_s']:6.2f} s  sum of peak RSS "
                       f"{node['peak_rss_mb']:7.0f} MB", flush=True)
+        if peer_list:
+            scale_peers.measure(n, data, args, report, peer_list)
     report["model"] = model(report["records"], report["index"])
     report["load_average_end"] = list(os.getloadavg())
     args.out.mkdir(parents=True, exist_ok=True)

@@ -402,3 +402,38 @@ def test_scale_benchmark_quick_run_measures_every_cost(tmp_path):
     assert "n/a" not in text.split("**Model")[0] and "1e5" in text
     pytest.importorskip("matplotlib")
     assert charts.scale(loaded[0])[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_scale_peers_stream_holds_the_ndp_datasets_documents(tmp_path):
+    """``bench_scale.py --peers``: the peers' uint16 stream (``scale_peers.write_stream``, in
+    chunks that cut the ramp's period) is the scale dataset's documents, each followed by EOS,
+    as ``ndp.Loader`` reads them back from the shards (padded, in order: one document a row)."""
+    import argparse
+
+    import numpy as np
+
+    import ndp
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import scale_data
+        import scale_peers
+    finally:
+        sys.path.remove(str(BENCH))
+    n, vocab = 7000, 50304
+    args = argparse.Namespace(doc_tokens=16, vocab=vocab, shard_mb=0.1)  # several shards
+    folder = tmp_path / "ndp"
+    made = scale_data.ensure_dataset(folder, scale_data.dataset_spec(n, args))
+    assert made["shards"] > 1 and scale_data.index_dataset(folder)["packets"] == n
+    spec = scale_peers.stream_spec(n, 16, vocab)
+    assert spec["eos"] == vocab  # above every ramp token
+    wrote = scale_peers.write_stream(tmp_path / "all.bin", spec, chunk_docs=999)
+    stream = np.fromfile(tmp_path / "all.bin", np.uint16)
+    assert wrote["bytes"] == stream.nbytes == n * 17 * 2
+    rows = stream.reshape(n, 17)
+    assert (rows[:, 16] == vocab).all() and (rows[:, :16] < vocab).all()
+    loader = ndp.Loader(folder, mode="padded", batch_size=8, seq_len=16, shuffle=False,
+                        backend="cpu", output="arrays", seed=0)
+    docs = np.concatenate([b["input_ids"] for b in loader])
+    assert docs.shape == (n, 16)
+    np.testing.assert_array_equal(rows[:, :16], docs)

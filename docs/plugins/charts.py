@@ -150,13 +150,14 @@ SCALE_PANELS = [("open_plus_first_s", "open_plus_first_s", "open + first batch (
                 ("peak_rss_mb", "peak_rss_growth_mb", "peak RSS (MB)"),
                 ("next_p99_ms", "next_p99_ms", "next() p99 across the epoch boundary (ms)"),
                 ("boundary_step_ms", "boundary_step_ms", "the step across the boundary (ms)"),
-                ("index", "index_s", "ndp index --write-manifest (s)")]
+                ("index", "index_s", "ndp index --write-manifest (s); a peer's conversion")]
 
 
 def scale(result: Result) -> bytes:
     """Costs against documents, log-log, one line per mode and world size (rank 0 solid, a
-    node's runs dashed, one colour per line in every panel), the model at its document count
-    dotted with a hollow point (``bench_scale.py``)."""
+    node's runs dashed, a peer loader's rows (``--peers``) dash-dotted, one colour per line in
+    every panel), the model at its document count dotted with a hollow point
+    (``bench_scale.py``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,17 +174,24 @@ def scale(result: Result) -> bytes:
         lines.setdefault((str(r.get("which")), str(r.get("mode")), r.get("world")), []).append(r)
     lines[("ndp index", "", None)] = [{"documents": d.get("documents"), "index": d.get("seconds")}
                                       for d in rep.get("index", []) if isinstance(d, dict)]
-    order = sorted(lines, key=lambda k: (k[0] == "ndp index", k[0] == "node", str(k[2]),
-                                         k[1]))
+    for d in rep.get("peer_conversions", []):  # bench_scale.py --peers: their data's cost
+        if isinstance(d, dict):
+            lines.setdefault((f"{d.get('which')} conversion", "", None), []).append(
+                {"documents": d.get("documents"), "index": d.get("convert_seconds")})
+    index = {k for k in lines if k[0] == "ndp index" or k[0].endswith(" conversion")}
+    peer = {k for k in lines if k[0] not in ("rank 0", "node") and k not in index}
+    order = sorted(lines, key=lambda k: (k in index, k[0] == "node", k in peer,
+                                         str(k[2]), k[1], k[0]))
     colors = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(order)}
-    names = {k: "ndp index" if k[0] == "ndp index" else
+    names = {k: k[0] if k in index else
+             f"{k[0]}, {k[1]} windows, rank 0 of {k[2]}" if k in peer else
              f"{k[1]}, {'rank 0 of' if k[0] == 'rank 0' else 'node of'} {k[2]}" for k in order}
     fig, grid = plt.subplots(2, 3, figsize=(13, 7.5))
     handles: dict[tuple, object] = {}
     for ax, (key, metric, label) in zip(grid.flat, SCALE_PANELS):
         for k in order:
             which, mode, world = k
-            if (key == "index") != (which == "ndp index"):
+            if (key == "index") != (k in index):
                 continue
             if which == "node" and key not in ("open_plus_first_s", "peak_rss_mb"):
                 continue
@@ -193,7 +201,9 @@ def scale(result: Result) -> bytes:
             if not points:
                 continue
             (line,) = ax.plot([p[0] for p in points], [p[1] for p in points],
-                              "--" if which == "node" else "-", marker="o", markersize=4,
+                              "--" if which == "node" else "-." if k in peer or (
+                                  k in index and which != "ndp index") else "-",
+                              marker="o", markersize=4,
                               color=colors[k])
             handles.setdefault(k, line)
             fit = next((f for f in fits if f.get("metric") == metric and f.get("which") == which
@@ -215,8 +225,8 @@ def scale(result: Result) -> bytes:
     legend.axis("off")
     shown = [k for k in order if k in handles]
     legend.legend([handles[k] for k in shown], [names[k] for k in shown], loc="center",
-                  fontsize=8, title="solid: rank 0; dashed: a node's ranks at once; "
-                  "dotted to a hollow point: the model", title_fontsize=7)
+                  fontsize=8, title="solid: ndp, rank 0; dashed: a node's ranks at once; "
+                  "dash-dot: a peer\ndotted to a hollow point: the model", title_fontsize=7)
     note = f"; the model at {at:.2g} documents" if is_number(at) else ""
     fig.suptitle(f"Costs against documents (log-log{note}): {_title(result)}", fontsize=10)
     return _png(fig)

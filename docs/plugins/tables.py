@@ -21,7 +21,7 @@ from results import (
     provenance,
 )
 from mdtable import table
-from scale_tables import scale as _scale
+from scale_tables import SCALE_MODEL, _docs, _model_cell, scale as _scale_ndp
 
 
 # --- one table per kind --------------------------------------------------------------------
@@ -238,6 +238,63 @@ def _train(r: Result, page: str | None) -> str:
                 f"*The loss curves, drawn by the benchmark itself ({figure}); {r.machine}, "
                 f"{r.when}.*")
     return out
+
+
+def _scale(r: Result) -> str:
+    """``scale_tables.scale``, and where the file has rows of peer loaders (``bench_scale.py
+    --peers``), those beside ndp's packed rank 0 of 1, their data's cost and their model, before
+    ndp's model."""
+    text = _scale_ndp(r)
+    rep = r.report
+    rows = [d for d in rep["records"] if isinstance(d, dict)
+            and d.get("which") not in (None, "rank 0", "node")]
+    if not rows:
+        return text
+    peers = sorted({str(d["which"]) for d in rows})
+    rows += [d for d in rep["records"] if isinstance(d, dict) and d.get("which") == "rank 0"
+             and d.get("mode") == "packed" and d.get("world") == 1]
+    rows.sort(key=lambda d: (d.get("documents") if is_number(d.get("documents")) else 0,
+                             d.get("which") != "rank 0", str(d.get("which"))))
+
+    def name(d: dict) -> str:
+        return "ndp packed" if d.get("which") == "rank 0" else str(d.get("which"))
+
+    out = ["", (f"Peer loaders on the same documents ({', '.join(peers)}): each document "
+                "followed by EOS in a uint16 stream, converted once into the peer's own format;"
+                " each peer in a fresh process in an environment of its own, rank 0 of 1, "
+                "`num_workers=0` (each loader's default), its packed-window pipeline with "
+                "`shuffle=True`; `next()` across the end of epoch 0 reached by the peer's own "
+                "`load_state_dict` (`scale_peers.py`). Import: the peer's (torch included) or "
+                "`import ndp`."), "", table(
+               ["documents", "loader", "import s", "open s", "first batch s",
+                "peak RSS to first batch MB", "peak RSS MB", "`next()` p50 ms",
+                "`next()` p99 ms", "boundary step ms", "batches per epoch"],
+               [[_docs(d.get("documents")), name(d), fmt(d.get("import_s"), digits=2),
+                 fmt(d.get("open_s"), digits=2), fmt(d.get("first_batch_s"), digits=2),
+                 fmt(d.get("rss_after_first_batch_mb"), digits=0),
+                 fmt(d.get("peak_rss_mb"), digits=0), fmt(d.get("next_p50_ms"), digits=3),
+                 fmt(d.get("next_p99_ms"), digits=2), fmt(d.get("boundary_step_ms"), digits=1),
+                 fmt(d.get("batches_per_epoch"), digits=0)] for d in rows])]
+    conv = [d for d in rep.get("peer_conversions", []) if isinstance(d, dict)]
+    if conv:
+        out += ["", ("The peers' data, made once per size (`reused`: by an earlier run, whose "
+                     "figures these are):"), "", table(
+                    ["documents", "loader", "format", "conversion s", "GB", "reused"],
+                    [[_docs(d.get("documents")), d.get("which", "?"), d.get("format", "?"),
+                      fmt(d.get("convert_seconds"), digits=1),
+                      fmt(d.get("converted_bytes"), 1e9, 2), "yes" if d.get("reused") else "no"]
+                     for d in conv])]
+    mdl = rep.get("model") if isinstance(rep.get("model"), dict) else {}
+    fits = {(f.get("which"), f.get("metric")): f for f in mdl.get("fits", [])
+            if isinstance(f, dict) and f.get("which") in peers}
+    if fits:
+        out += ["", (f"**Model, not a measurement**, for the peers as for ndp below: slope k "
+                     f"and value at {_docs(mdl.get('documents'))} documents."), "", table(
+                    ["loader"] + [header for _, _, header, _ in SCALE_MODEL],
+                    [[p] + [_model_cell(fits.get((p, metric)), digits)
+                            for metric, _, _, digits in SCALE_MODEL] for p in peers])]
+    head, sep, tail = text.partition("\n\n**Model")
+    return head + "\n" + "\n".join(out) + sep + tail
 
 
 def _bad_inputs(r: Result) -> str:
