@@ -51,7 +51,8 @@ from ndp.loader.order import (
     packets_at_once,
     rank_share,
 )
-from ndp.loader.packing import count_batches, plan as place
+from ndp.loader.packing import count_batches
+from ndp.loader.reach import Reach
 from ndp.loader.share import RankOrder, Share
 from ndp.loader.shared_count import epoch_count
 from ndp.loader.sources import mix_sources
@@ -60,11 +61,9 @@ from ndp.wire.format import INDEX_ENTRY_DTYPE
 
 
 ENTRY_BYTES = INDEX_ENTRY_DTYPE.itemsize
-#: share positions whose token counts ``Plan.share_tokens`` gathers at once
-TOKEN_BLOCK = 1 << 14
 
 
-class Plan:
+class Plan(Reach):
     """This rank's share of each epoch and the chunks of it (see the module docstring)."""
 
     def __init__(self, corpus: Corpus, *, mode: str, batch_size: int, seq_len: int,
@@ -258,6 +257,12 @@ class Plan:
         have = self._batches.get(epoch)
         return have if have is not None else self.share(epoch).batches
 
+    def planned(self, epoch: int) -> Any:
+        """``epoch``'s share positions (``Share.packets``) if it is planned, else ``None``
+        (never plans it)."""
+        have = self._shares.get(epoch)
+        return None if have is None else have.packets
+
     def counted(self, epoch: int) -> bool:
         """``epoch_batches(epoch)`` is known without waiting."""
         have = self._shares.get(epoch)
@@ -325,75 +330,6 @@ class Plan:
         if self._mix_keys is not None and b > a:
             n = np.bincount(self._source_key(share[a:b]), minlength=len(self._mix_names))
             counted["sources"] = {name: int(k) for name, k in zip(self._mix_names, n) if k}
-
-    # ------------------------------------------------------------------------------ chunks
-    def chunk_end(self, share: np.ndarray, pos: int, tok: int, batches: int) -> int:
-        """The share position where a chunk of ``batches`` batches from ``(pos, tok)`` ends,
-        by the index's token counts."""
-        n = share.shape[0]
-        B, T = self.batch_size, self.seq_len
-        if self.mode == "padded":
-            return min(pos + batches * B, n)
-        if self.mode == "packed":
-            need = tok + batches * B * T + 1
-            ahead = 64  # a bounded look-ahead: never a cumulative sum over the rest of the epoch
-            while True:
-                cum = np.cumsum(self.share_tokens(share, pos, pos + ahead))
-                if (cum.shape[0] and cum[-1] >= need) or pos + ahead >= n:
-                    break
-                ahead *= 4
-            return min(pos + int(np.searchsorted(cum, need)) + 1, n)
-        at = pos
-        for _ in range(batches):  # packing: a batch takes its candidates when all are valid
-            if at >= n:
-                break
-            at = self.candidates(share, at)
-        return min(at, n)
-
-    def share_tokens(self, share: np.ndarray, a: int, b: int) -> np.ndarray:
-        """The index token counts of ``share[a:b]``, gathered ``TOKEN_BLOCK`` positions at a
-        time and remembered for the share last asked about (its last 8 blocks): the
-        producer's chunk plans and layouts ask for the positions it reads, in order, a few
-        times a batch, and a gather from the shards' indexes costs ~100 us a call."""
-        b = min(b, share.shape[0])
-        if b <= a:
-            return np.zeros(0, np.int64)
-        if self._blocks_of is not share:
-            self._blocks_of, self._blocks = share, {}
-        first, last = a // TOKEN_BLOCK, (b - 1) // TOKEN_BLOCK
-        parts = []
-        for k in range(first, last + 1):
-            got = self._blocks.get(k)
-            if got is None:
-                got = self._blocks[k] = self.corpus.tokens[
-                    share[k * TOKEN_BLOCK: (k + 1) * TOKEN_BLOCK]]
-                while len(self._blocks) > 8:  # blocks behind the producer are not asked again
-                    self._blocks.pop(next(iter(self._blocks)))
-            parts.append(got)
-        joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return joined[a - first * TOKEN_BLOCK: b - first * TOKEN_BLOCK]
-
-    def candidates(self, share: np.ndarray, at: int) -> int:
-        """Packing: the end of the candidates of the batch that starts at share position
-        ``at``: the packets whose index lengths fill ``batch_size`` rows (at least one).
-        Remembered for the share last asked about: a chunk's plan and its layout ask for the
-        same positions."""
-        if self._memo_share is not share:
-            self._memo_share, self._memo = share, {}
-        q = self._memo.get(at)
-        if q is not None:
-            return q
-        B, L = self.batch_size, self.seq_len
-        cap = 8 * B
-        while True:
-            window = self.share_tokens(share, at, at + cap)
-            _, _, fits = place(window, rows=B, row_len=L)
-            if fits < window.shape[0] or at + cap >= share.shape[0]:
-                q = self._memo[at] = at + max(fits, 1)
-                if len(self._memo) > 4096:  # positions behind the producer are not asked again
-                    self._memo = {at: q}
-                return q
-            cap *= 2
 
     # ------------------------------------------------------------------------------ mixing
     def _setup_mix(self, weights: dict | None, mix_by: str) -> None:

@@ -317,13 +317,40 @@ def test_a_pass_asked_to_stop_stops_and_stores_nothing(uneven):
     assert share.batches == plan_of(uneven, mode="packed", world_size=3).share(1).batches
 
 
+def test_the_end_of_a_packed_share_does_not_read_its_repeat_for_nothing(uneven, monkeypatch):
+    """A packed share is its packets twice over (a rank short of tokens goes on from its
+    start): the token counts past its own packets are those of its first ones, and a chunk
+    that its own packets fill never reads them (their window's entries would be read for
+    nothing at every epoch's end)."""
+    import ndp.loader.reach as reach_module
+    from ndp.loader.share import RankOrder
+
+    monkeypatch.setattr(reach_module, "TOKEN_BLOCK", 16)
+    plan = plan_of(uneven, mode="packed", world_size=3, batch_size=2, seq_len=4)
+    share = plan.share(0).packets
+    assert isinstance(share, RankOrder) and len(share) == 2 * share.length
+    L = share.length
+    want = np.asarray(uneven.tokens[np.asarray(share)])
+    for a, b in ((L - 5, L + 5), (L, L + 20), (L + 3, 2 * L), (0, 2 * L)):
+        assert np.array_equal(plan.share_tokens(share, a, b), want[a:b]), (a, b)
+    asked = []
+    real = RankOrder.__getitem__
+    monkeypatch.setattr(RankOrder, "__getitem__",
+                        lambda self, k: asked.append(k) or real(self, k))
+    plan._blocks_of = None  # nothing remembered
+    tokens = np.cumsum(want[:L][::-1])[::-1]  # tokens from each position to the share's end
+    pos = int(np.flatnonzero(tokens > 3 * 2 * 4)[-1])  # 3 batches' tokens before the end
+    assert plan.chunk_end(share, pos, 0, 2) <= L
+    assert all(k.stop <= L for k in asked if isinstance(k, slice)), asked
+
+
 def test_share_tokens_are_the_index_counts_gathered_once_a_block(uneven, monkeypatch):
     """The producer asks for a share's token counts a few times a batch (chunk plans, packing
     candidates); each gather from the shards' indexes costs ~100 us, so they are gathered a
     block at a time and remembered."""
-    import ndp.loader.plan as plan_module
+    import ndp.loader.reach as reach_module
 
-    monkeypatch.setattr(plan_module, "TOKEN_BLOCK", 16)
+    monkeypatch.setattr(reach_module, "TOKEN_BLOCK", 16)
     plan = plan_of(uneven, mode="packing", world_size=3)
     share = plan.share(0).packets
     want = np.asarray(uneven.tokens[share])

@@ -1,0 +1,114 @@
+"""Where a chunk of batches ends in a rank's share, by the index's token counts (``Reach``):
+the plan's answer to the producer's "how many packets make these batches" (``ndp.loader.chunks``),
+from token counts gathered a block of share positions at a time and remembered.
+
+A ``Plan`` is a ``Reach``: it gives ``corpus``, ``mode``, ``batch_size``, ``seq_len`` and the
+memo fields (``_memo_share``, ``_memo``, ``_blocks_of``, ``_blocks``), which it sets up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ndp.loader.packing import plan as place
+
+#: share positions whose token counts ``Reach.share_tokens`` gathers at once
+TOKEN_BLOCK = 1 << 14
+
+
+class Reach:
+    """``chunk_end``, ``share_tokens`` and packing's ``candidates`` (module docstring)."""
+
+    corpus: Any
+    mode: str
+    batch_size: int
+    seq_len: int
+    _memo_share: Any
+    _memo: dict
+    _blocks_of: Any
+    _blocks: dict
+
+    def chunk_end(self, share: np.ndarray, pos: int, tok: int, batches: int) -> int:
+        """The share position where a chunk of ``batches`` batches from ``(pos, tok)`` ends,
+        by the index's token counts."""
+        n = share.shape[0]
+        B, T = self.batch_size, self.seq_len
+        if self.mode == "padded":
+            return min(pos + batches * B, n)
+        if self.mode == "packed":
+            need = tok + batches * B * T + 1
+            ahead = 64  # a bounded look-ahead: never a cumulative sum over the rest of the epoch
+            # past the share's own packets (its repeat, for a rank short of tokens) only if
+            # they do not hold enough: the repeat's first window is not read for nothing
+            edge = min(getattr(share, "length", n), n)
+            edge = n if pos >= edge else edge
+            while True:
+                cum = np.cumsum(self.share_tokens(share, pos, min(pos + ahead, edge)))
+                if cum.shape[0] and cum[-1] >= need:
+                    break
+                if pos + ahead >= edge:
+                    if edge >= n:
+                        break
+                    edge = n
+                ahead *= 4
+            return min(pos + int(np.searchsorted(cum, need)) + 1, n)
+        at = pos
+        for _ in range(batches):  # packing: a batch takes its candidates when all are valid
+            if at >= n:
+                break
+            at = self.candidates(share, at)
+        return min(at, n)
+
+    def share_tokens(self, share: np.ndarray, a: int, b: int) -> np.ndarray:
+        """The index token counts of ``share[a:b]``, gathered ``TOKEN_BLOCK`` positions at a
+        time and remembered for the share last asked about (its last 8 blocks): the
+        producer's chunk plans and layouts ask for the positions it reads, in order, a few
+        times a batch, and a gather from the shards' indexes costs ~100 us a call."""
+        b = min(b, share.shape[0])
+        if b <= a:
+            return np.zeros(0, np.int64)
+        own = getattr(share, "length", None)  # a RankOrder twice over: p >= own is p - own
+        if own is not None and share.shape[0] > own and b > own:
+            if a >= own:
+                return self.share_tokens(share, a - own, b - own)
+            return np.concatenate([self.share_tokens(share, a, own),
+                                   self.share_tokens(share, 0, b - own)])
+        end = share.shape[0] if own is None else own  # blocks end there
+        if self._blocks_of is not share:
+            self._blocks_of, self._blocks = share, {}
+        first, last = a // TOKEN_BLOCK, (b - 1) // TOKEN_BLOCK
+        parts = []
+        for k in range(first, last + 1):
+            got = self._blocks.get(k)
+            if got is None:
+                got = self._blocks[k] = self.corpus.tokens[
+                    share[k * TOKEN_BLOCK: min((k + 1) * TOKEN_BLOCK, end)]]
+                while len(self._blocks) > 8:  # blocks behind the producer are not asked again
+                    self._blocks.pop(next(iter(self._blocks)))
+            parts.append(got)
+        joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return joined[a - first * TOKEN_BLOCK: b - first * TOKEN_BLOCK]
+
+    def candidates(self, share: np.ndarray, at: int) -> int:
+        """Packing: the end of the candidates of the batch that starts at share position
+        ``at``: the packets whose index lengths fill ``batch_size`` rows (at least one).
+        Remembered for the share last asked about: a chunk's plan and its layout ask for the
+        same positions."""
+        if self._memo_share is not share:
+            self._memo_share, self._memo = share, {}
+        q = self._memo.get(at)
+        if q is not None:
+            return q
+        B, L = self.batch_size, self.seq_len
+        cap = 8 * B
+        while True:
+            window = self.share_tokens(share, at, at + cap)
+            _, _, fits = place(window, rows=B, row_len=L)
+            if fits < window.shape[0] or at + cap >= share.shape[0]:
+                q = self._memo[at] = at + max(fits, 1)
+                if len(self._memo) > 4096:  # positions behind the producer are not asked again
+                    self._memo = {at: q}
+                return q
+            cap *= 2
