@@ -415,4 +415,5 @@ class Loader:
                 pass
             thread.join(timeout=0.05)
         self.plan.stop_ahead()  # and one it started since
+        self._producer.warmer.join()  # a window's entries being read ahead
         self._thread = None

@@ -17,6 +17,7 @@ from ndp.loader.chunks import ChunkDecoder
 from ndp.errors import DataError
 from ndp.loader.plan import Plan
 from ndp.loader.serve import Ring
+from ndp.loader.warm import Warmer
 
 
 class Failure:
@@ -37,6 +38,8 @@ class Producer:
     def __init__(self, plan: Plan, chunks: ChunkDecoder, ring: Ring) -> None:
         self.plan, self.chunks, self.ring = plan, chunks, ring
         self._size = 1  # batches in the next chunk
+        #: reads the next window's index entries ahead (``ndp.loader.warm``)
+        self.warmer = Warmer(plan.corpus)
 
     def run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
         """Put ``("chunk", epoch, Chunk)`` and, at each epoch's end, ``(EPOCH_END, next
@@ -126,6 +129,7 @@ class Producer:
                 counted_upto = (pos + layout.packets_used if plan.mode == "packed"
                                 else layout.batches[-1].state["pos"])
                 pos, tok = layout.batches[-1].state["pos"], layout.batches[-1].state["tok"]
+                self.warmer.ahead(share, pos, lambda: plan.planned(epoch + 1))
                 if not put(("chunk", epoch, chunk)):
                     return None
             else:

@@ -39,6 +39,12 @@ class RankOrder:
     def __len__(self) -> int:
         return self.shape[0]
 
+    def window_at(self, pos: int) -> int:
+        """The number of the window share position ``pos`` lies in."""
+        if pos >= self.length and self.shape[0] > self.length:
+            pos -= self.length
+        return int(np.searchsorted(self._ends, pos * self.world_size + self.rank, side="right"))
+
     def _places(self, s: np.ndarray) -> np.ndarray:
         """Packets at share positions ``s`` (each in ``[0, len)``)."""
         s = np.where(s >= self.length, s - self.length, s) if self.shape[0] > self.length else s

@@ -1,0 +1,76 @@
+"""The next window's index entries read ahead (ndp.loader.warm): the window after the
+producer's, at an epoch's end the next epoch's first, once each, on a thread that is gone when
+done and when the Loader is closed."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ndp.loader.loader import Loader
+from ndp.loader.order import epoch_windows
+from ndp.loader.share import RankOrder
+from ndp.loader.warm import Warmer
+from ndp.store.corpus import Corpus
+from ndp.wire.packet import encode_tokens
+
+from ndp_test_helpers import ramp, write_shards
+
+
+def shards(tmp_path, n=12, per=10):
+    for i in range(n):
+        write_shards(tmp_path, [encode_tokens(ramp(100 * (per * i + k), 3 + k % 5))
+                                for k in range(per)], prefix=f"s{i:03d}")
+    return Corpus(tmp_path)
+
+
+def orders(corpus, epoch, window_bytes):
+    sizes = np.array([s.size for s in corpus.shards], np.int64)
+    wins = list(epoch_windows(corpus.base, seed=1, epoch=epoch, shard_bytes=sizes,
+                              window_bytes=window_bytes))
+    return RankOrder(wins, rank=0, world_size=1, length=corpus.n_packets)
+
+
+def loaded(corpus):
+    return {s for s, index in enumerate(corpus.indexes) if index.loaded}
+
+
+def window_shards(corpus, window):
+    return set((np.searchsorted(corpus.base, window.starts, side="right") - 1).tolist())
+
+
+def test_the_window_after_the_producers_is_read_ahead_then_the_next_epochs_first(tmp_path):
+    corpus = shards(tmp_path)
+    size = corpus.shards[0].size
+    share, after = orders(corpus, 0, 3 * size), orders(corpus, 1, 3 * size)
+    assert len(share.windows) == 4
+    warm = Warmer(corpus)
+    assert loaded(corpus) == set()
+    for k in range(4):
+        pos = int(share._starts[k])  # window k's first place (one rank: a share position)
+        assert share.window_at(pos) == k
+        warm.ahead(share, pos, lambda: after)
+        warm.join()
+        want = window_shards(corpus, share.windows[k + 1] if k < 3 else after.windows[0])
+        assert want <= loaded(corpus), k
+        if k < 2:  # nothing past the next window
+            assert not window_shards(corpus, share.windows[k + 2]) & loaded(corpus)
+    reads, n = corpus.entry_cache.reads, warm.windows
+    warm.ahead(share, int(share._starts[3]), lambda: after)  # read already: not again
+    warm.join()
+    assert corpus.entry_cache.reads == reads and warm.windows == n == 4
+    warm.ahead(np.arange(5), 0)  # a share built whole: nothing read ahead
+    assert warm.windows == 4
+
+
+def test_a_loader_reads_windows_ahead_and_leaves_no_thread(tmp_path):
+    corpus = shards(tmp_path)
+    loader = Loader(tmp_path, mode="packed", batch_size=1, seq_len=4, backend="cpu",
+                    output="arrays", shuffle_window=3 * corpus.shards[0].size)
+    it = iter(loader)
+    for _ in range(40):
+        next(it)
+    assert loader._producer.warmer.windows >= 1
+    loader.close()
+    assert not [t for t in threading.enumerate() if t.name == "ndp-warm"]
