@@ -393,7 +393,10 @@ class Loader:
         self._stop_producer()
         self._stop.clear()
         self._ring.reset()  # chunks left in the queue or unfinished are the producer's again
-        self._queue = queue.Queue(maxsize=max(1, self.prefetch))
+        # a chunk ahead per ``prefetch``, and room for an epoch's end besides: it holds no
+        # slot, and waiting to put it kept the next epoch's first chunk from being decoded
+        # until the consumer took the last one (a stall at every boundary after a short chunk)
+        self._queue = queue.Queue(maxsize=max(1, self.prefetch) + 1)
         start = dict(self._state)
         self._thread = threading.Thread(target=self._producer.run,
                                         args=(start, self._queue, self._stop),

@@ -18,8 +18,9 @@ import pytest
 
 from ndp.errors import ConfigError
 from ndp.loader.loader import Loader
+from ndp.wire.packet import encode_tokens
 
-from ndp_test_helpers import ramp_specs, write_shards
+from ndp_test_helpers import ramp, ramp_specs, write_shards
 
 MODES = ["padded", "packed", "packing"]
 N_PACKETS = 90
@@ -248,3 +249,27 @@ def test_the_first_chunks_after_a_start_are_small(corpus):
     next(it)
     loader.close()
     assert loader.counters.batches <= 1 + 2 + 4 + 8  # the ramp, and at most one chunk ahead
+
+
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_the_next_epochs_first_chunk_is_decoded_while_the_last_ones_are_served(tmp_path,
+                                                                               prefetch):
+    """An epoch's end holds no slot: the producer puts it and goes on to decode the next
+    epoch's first chunk while the consumer still serves the chunk before the epoch's last
+    (waiting to put the end kept it from decoding until the consumer took the short last
+    chunk, and a consumer slower than the decode then waited at every boundary)."""
+    import time
+
+    write_shards(tmp_path, [encode_tokens(ramp(100 * k, 4)) for k in range(12)])
+    loader = Loader(tmp_path, mode="padded", batch_size=2, seq_len=4, backend="cpu",
+                    output="arrays", shuffle=False, chunk_batches=2, prefetch=prefetch)
+    assert len(loader) == 6  # chunks of 1, 2, 2 and 1 batches (the first chunks ramp up)
+    it = iter(loader)
+    for _ in range(4):  # the first batch of the third chunk: the fourth is the epoch's last
+        next(it)
+    deadline = time.monotonic() + 10
+    while loader.counters.chunks < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loader.counters.chunks == 5  # the 4 of epoch 0, and epoch 1's first
+    assert len(list(it)) == 2 and loader.epoch == 1
+    loader.close()
