@@ -138,6 +138,7 @@ FITTED = [("open_s", "s", "open (Loader constructor)"),
           ("open_plus_first_s", "s", "open + first batch"),
           ("peak_rss_growth_mb", "MB", "peak RSS above the RSS after import ndp"),
           ("next_p99_ms", "ms", "p99 next() across the epoch boundary"),
+          ("paced_next_p99_ms", "ms", "p99 next() across the boundary, a paced consumer"),
           ("boundary_step_ms", "ms", "the step across the epoch boundary")]
 
 
@@ -350,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"batch {rec['first_batch_s']:6.2f} s  peak RSS {rec['peak_rss_mb']:7.0f} "
                       f"MB  next() p99 {rec.get('next_p99_ms', float('nan')):8.2f} ms  "
                       f"boundary step {rec.get('boundary_step_ms', float('nan')):8.1f} ms  "
+                      f"paced p99 {rec.get('paced_next_p99_ms', float('nan')):6.2f} ms  "
                       f"({rec['batches_per_epoch']:,} batches)", flush=True)
                 if world < 2 or args.no_node or not over.get("node", True):
                     continue

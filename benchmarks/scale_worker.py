@@ -30,7 +30,10 @@ epoch 0, ``iter()`` and the first ``next()`` of epoch 1) counted as one: p99 of 
 with their p50, max and the boundary step on its own (of 128 waits the p99 lies below the
 largest one, so a single slow step at the boundary shows in the boundary step and the max, not
 in the p99). With nothing to do between batches, the consumer waits on every chunk the producer
-decodes: the p99 is a chunk's decode time more than a training loop would see. Whether the built
+decodes: the p99 is a chunk's decode time more than a training loop would see. So the boundary
+is crossed a second time from the same state (``paced``) by a consumer that takes twice the
+producer's time a batch between calls (sleeping, as a host waits on a GPU step): its waits
+(``paced_next_p99_ms``, ``paced_boundary_step_ms``) are stalls. Whether the built
 state is the one iterating gives is checked by iterating to it where an epoch is short
 (``--check-states``, up to 5,000 batches; after the run's peak RSS is read), and every run
 checks it delivers exactly the batches left in the epoch, without a packet dropped.
@@ -119,6 +122,7 @@ def worker(spec: dict) -> dict:
         return out
     res, state = boundary(loader, k, spec.get("warm", 8))
     out.update(res)
+    out.update(paced(loader, state, k, spec.get("warm", 8), res))
     # the run's peak: to the first batch, and across the boundary (without the resume's own)
     out["peak_rss_mb"] = max(rss_first, res["boundary_peak_rss_mb"])
     check = spec.get("check_state", False)
@@ -201,7 +205,7 @@ def boundary(loader, k: int, warm: int) -> tuple[dict, dict]:
     it.close()
     ms = np.array(waits) * 1e3
     out.update({"timed_after": after, "next_samples": len(waits),
-                "next_p50_ms": float(np.percentile(ms, 50)),
+                "next_mean_ms": float(ms.mean()), "next_p50_ms": float(np.percentile(ms, 50)),
                 "next_p99_ms": float(np.percentile(ms, 99)), "next_max_ms": float(ms.max()),
                 "boundary_step_ms": step * 1e3, "boundary_peak_rss_mb": _hwm_mb()})
     stats = loader.stats.as_dict()
@@ -210,6 +214,43 @@ def boundary(loader, k: int, warm: int) -> tuple[dict, dict]:
     if out["corrupt_packets"] or stats["valid"] != stats["packets"]:
         raise SystemExit(f"the Loader dropped packets of the generated data: {stats['corrupt']}")
     return out, state
+
+
+def paced(loader, state: dict, k: int, warm: int, zero: dict) -> dict:
+    """The boundary again from the same state, the consumer taking twice the producer's time
+    a batch (measured by the run with nothing to do: its mean wait) between ``next()`` calls,
+    in ``time.sleep`` (a training step's GPU work leaves the host's cores free): what waits
+    now is a stall, not the decode a consumer with nothing to do waits for."""
+    step = max(2 * zero["next_mean_ms"], 1.0) / 1e3
+    loader.load_state_dict(state)
+    warm = len(loader) - state["batch"] - zero["timed_before"]  # as ``boundary`` cut it
+    it = iter(loader)
+    for _ in range(warm):
+        next(it)
+        time.sleep(step)
+    waits = []
+    for _ in range(zero["timed_before"]):
+        t = time.perf_counter()
+        next(it)
+        waits.append(time.perf_counter() - t)
+        time.sleep(step)
+    t = time.perf_counter()
+    for _ in it:
+        raise SystemExit("the paced run went on past epoch 0's end")
+    it = iter(loader)
+    next(it)
+    waits.append(time.perf_counter() - t)
+    step_at = len(waits) - 1
+    for _ in range(zero["timed_after"] - 1):
+        time.sleep(step)
+        t = time.perf_counter()
+        next(it)
+        waits.append(time.perf_counter() - t)
+    it.close()
+    ms = np.array(waits) * 1e3
+    return {"paced_step_ms": step * 1e3, "paced_next_p50_ms": float(np.percentile(ms, 50)),
+            "paced_next_p99_ms": float(np.percentile(ms, 99)),
+            "paced_next_max_ms": float(ms.max()), "paced_boundary_step_ms": float(ms[step_at])}
 
 
 def check_state_by_iterating(loader, state: dict, batch: int) -> bool:

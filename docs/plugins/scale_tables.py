@@ -37,7 +37,8 @@ def _docs(value) -> str:
 SCALE_MODEL = [("open_plus_first_s", "open_plus_first_s", "open + first batch s", 1),
                ("peak_rss_growth_mb", "peak_rss_mb", "peak RSS MB", 0),
                ("next_p99_ms", None, "`next()` p99 ms", 1),
-               ("boundary_step_ms", None, "boundary step ms", 0)]
+               ("boundary_step_ms", None, "boundary step ms", 0),
+               ("paced_next_p99_ms", None, "paced `next()` p99 ms", 2)]
 
 
 def _model_cell(fit: dict | None, digits: int) -> str:
@@ -62,18 +63,25 @@ def scale(r: Result) -> str:
             f"size shown. `next()` p99: over the last {config.get('boundary_batches', '?')} "
             f"batches of epoch 0 and the first {config.get('boundary_batches', '?')} of epoch "
             "1, resumed from a state built near the end of epoch 0; the boundary step is the "
-            "wait from epoch 0's last batch to epoch 1's first. Peak RSS to the first batch "
+            "wait from epoch 0's last batch to epoch 1's first. A consumer that does nothing "
+            "between batches waits for every chunk the producer decodes; the paced columns "
+            "cross the boundary again with a consumer that takes twice the producer's time a "
+            "batch (sleeping, as a host waits on a GPU step): what it waits is a stall. Peak "
+            "RSS to the first batch "
             "is the process's high-water mark then; peak RSS, the larger of that and its peak "
             "across the boundary (the resume's own peak left out).")
     out = [head, "", table(
         ["documents", "mode", "ranks", "open s", "first batch s", "open + first s",
          "peak RSS to first batch MB", "peak RSS MB", "`next()` p99 ms",
-         "boundary step ms", "batches per epoch"],
+         "boundary step ms", "paced `next()` p99 ms", "paced boundary step ms",
+         "batches per epoch"],
         [[_docs(d.get("documents")), d.get("mode", "?"), d.get("world", "?"),
           fmt(d.get("open_s"), digits=2), fmt(d.get("first_batch_s"), digits=2),
           fmt(d.get("open_plus_first_s"), digits=2),
           fmt(d.get("rss_after_first_batch_mb"), digits=0), fmt(d.get("peak_rss_mb"), digits=0),
           fmt(d.get("next_p99_ms"), digits=2), fmt(d.get("boundary_step_ms"), digits=1),
+          fmt(d.get("paced_next_p99_ms"), digits=2),
+          fmt(d.get("paced_boundary_step_ms"), digits=2),
           fmt(d.get("batches_per_epoch"), digits=0)] for d in rank0])]
     if node:
         out += ["", "Every rank of a node as processes started at once (open and first batch "
