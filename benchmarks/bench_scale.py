@@ -46,8 +46,10 @@ import datetime as dt
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,13 +67,25 @@ MODES = ("padded", "packed", "packing")
 MODEL_DOCUMENTS = 1.3e9
 MODEL_RANKS = 8
 NODE_MEMORY_SHARE = 0.8
+_COUNTS: list[str] = []  # the folder the runs' epoch counts go to (``counts_dir``)
 
 
-def run_worker(spec: dict, cwd: Path) -> subprocess.Popen:
-    """``bench_scale.py --worker SPEC`` started: ``scale_worker.worker`` (found beside this file)."""
+def counts_dir() -> str:
+    """A new empty folder for one run's (or one node's) epoch counts, under one made for this
+    command and removed at its end (``main``)."""
+    if not _COUNTS:
+        _COUNTS.append(tempfile.mkdtemp(prefix="ndp-scale-counts-"))
+    return tempfile.mkdtemp(dir=_COUNTS[0])
+
+
+def run_worker(spec: dict, cwd: Path, counts: str | None = None) -> subprocess.Popen:
+    """``bench_scale.py --worker SPEC`` started: ``scale_worker.worker`` (found beside this
+    file), its epochs' counts kept in ``counts`` (``NDP_COUNT_CACHE``; a new empty directory
+    by default: every run counts afresh, as a first run on a dataset does)."""
+    env = dict(os.environ, NDP_COUNT_CACHE=counts or counts_dir())
     return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker",
                              json.dumps(spec)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def finish_worker(proc: subprocess.Popen, what: str) -> dict:
@@ -286,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                 "step across the boundary (StopIteration, iter(), first next()) as one wait"),
             "node": "every rank of a node (rank 0..W-1 of W) as W processes started at once, "
                     "open and first batch only: the sum of each process's own peak RSS and "
-                    "the slowest open + first batch",
+                    "the slowest open + first batch; the ranks share one epoch count "
+                    "(ndp.loader.shared_count), as a node's ranks do",
+            "counts": "every run counts its epochs afresh: NDP_COUNT_CACHE is a new empty "
+                      "directory per process (per node for a node's ranks)",
             "ndp_index": "python -m ndp.cli index --write-manifest DIR, timed in a process of "
                          "its own (its peak RSS from wait4)",
         },
@@ -366,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {mode:8s} node of {world}: skipped: {why}", flush=True)
                     continue
                 t0 = time.perf_counter()
-                procs = [run_worker({**base, "rank": r, "boundary": 0}, data)
+                shared = counts_dir()  # the node's ranks share it
+                procs = [run_worker({**base, "rank": r, "boundary": 0}, data, shared)
                          for r in range(world)]
                 ranks = [finish_worker(p, f"{size_name(n)} {mode} rank {r} of {world}")
                          for r, p in enumerate(procs)]
@@ -394,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
 
     atomic_write(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
+    if _COUNTS:
+        shutil.rmtree(_COUNTS.pop(), ignore_errors=True)
     return 0
 
 
