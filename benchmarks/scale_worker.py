@@ -21,9 +21,10 @@ position after batch ``len(loader) - 64 - 8`` of epoch 0 (worked out from the in
 counts the way each mode lays out its batches: ``padded`` B packets a batch, ``packed`` B*T
 stream tokens a batch, ``packing`` each batch's candidates as ``Plan.candidates`` picks them),
 seals it and ``load_state_dict``s it: the Loader checks it field by field as any resume. After 8
-untimed batches (the restart's own ramp-up) it waits for the next epoch's plan, which the
-producer makes ahead on its own thread (``Plan.plan_ahead``: a real epoch lasts far longer than
-that plan takes; a run resumed 72 batches before the end does not), records that wait
+untimed batches (the restart's own ramp-up) it waits for what the Loader makes ahead of an
+epoch's end on threads of its own: the next epoch's plan and count (``Plan.plan_ahead``) and
+its first window's entry table (``ndp.loader.warm``; a real epoch lasts far longer than they
+take; a run resumed 72 batches before the end does not), records that wait
 (``ahead_plan_wait_s``) and times every ``next()`` of the last 64 batches of
 epoch 0 and the first 64 of epoch 1, the step across the boundary (the ``next()`` that ends
 epoch 0, ``iter()`` and the first ``next()`` of epoch 1) counted as one: p99 of those 128 waits,
@@ -172,13 +173,7 @@ def boundary(loader, k: int, warm: int) -> tuple[dict, dict]:
     it = iter(loader)
     for _ in range(warm):
         next(it)
-    # a real epoch outlasts the plan of the next one made ahead (``Plan.plan_ahead``); a run
-    # resumed near the end of one does not: wait for that plan, and record the wait
-    ahead = getattr(loader.plan, "_ahead", None)
-    t = time.perf_counter()
-    if ahead is not None:
-        ahead.join()
-    out["ahead_plan_wait_s"] = time.perf_counter() - t
+    out["ahead_plan_wait_s"] = wait_ahead(loader)
     waits = []
     for _ in range(before):
         t = time.perf_counter()
@@ -216,6 +211,24 @@ def boundary(loader, k: int, warm: int) -> tuple[dict, dict]:
     return out, state
 
 
+def wait_ahead(loader) -> float:
+    """Wait for what the Loader makes ahead of an epoch's end, and return the seconds waited:
+    the next epoch's plan and count (``Plan.plan_ahead``) and the entry table of its first
+    window (``ndp.loader.warm``). A real epoch's last window lasts far longer than they take
+    (seconds at 1e8 16-token documents); a run resumed 72 batches before its end does not."""
+    t = time.perf_counter()
+    ahead = getattr(loader.plan, "_ahead", None)
+    if ahead is not None:
+        ahead.join()
+    warmer = getattr(getattr(loader, "_producer", None), "warmer", None)
+    share = loader.plan.share(loader.epoch).packets
+    if warmer is not None and getattr(share, "tables", None) is not None and len(share):
+        warmer.join()
+        warmer.ahead(share, share.length - 1, lambda: loader.plan.planned(loader.epoch + 1))
+        warmer.join()
+    return time.perf_counter() - t
+
+
 def paced(loader, state: dict, k: int, warm: int, zero: dict) -> dict:
     """The boundary again from the same state, the consumer taking twice the producer's time
     a batch (measured by the run with nothing to do: its mean wait) between ``next()`` calls,
@@ -228,6 +241,7 @@ def paced(loader, state: dict, k: int, warm: int, zero: dict) -> dict:
     for _ in range(warm):
         next(it)
         time.sleep(step)
+    wait_ahead(loader)
     waits = []
     for _ in range(zero["timed_before"]):
         t = time.perf_counter()

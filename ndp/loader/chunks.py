@@ -59,8 +59,10 @@ class ChunkDecoder:
             if final:
                 q = own_end
             packets = share[pos:q]
+            tables = getattr(share, "tables", None)  # a RankOrder's own entries, if held
+            entries = tables.entries(pos, q) if tables is not None else None
             try:
-                staged = self.stager.stage(packets, slot)
+                staged = self.stager.stage(packets, slot, entries)
             except TooManyShards:
                 if reach == 1:
                     raise
@@ -74,7 +76,7 @@ class ChunkDecoder:
             # an index matched by size alone: refuse a lie (from the bytes staged on the host)
             host = isinstance(staged.data, np.ndarray)
             plan.corpus.check_headers(packets, staged.data if host else None,
-                                      staged.offsets if host else None)
+                                      staged.offsets if host else None, entries)
             layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final)
             if layout.batches or layout.end is not None or q >= n:
                 break

@@ -113,9 +113,11 @@ class DeviceShards:
                 self._copy(s, s)
 
     # ----------------------------------------------------------------------------- staging
-    def stage(self, packets: np.ndarray, slot: Slot) -> Staged:
+    def stage(self, packets: np.ndarray, slot: Slot, entries: np.ndarray | None = None
+              ) -> Staged:
         """The chunk's shards on the device and its packets' offsets and limits there (one
-        copy of both); ``TooManyShards`` if they cannot all be held at once."""
+        copy of both); ``TooManyShards`` if they cannot all be held at once. ``entries``: the
+        packets' index entries, if the caller holds them."""
         corpus, engine = self.corpus, self.engine
         n = packets.shape[0]
         shard_ids = corpus.shard_of(packets)
@@ -128,7 +130,9 @@ class DeviceShards:
         for s in needed:
             self._ensure(s)
         base = self.slot_base[self.slot_of[shard_ids]]
-        plan = np.concatenate([corpus.offsets[packets] + base, base + self.sizes[shard_ids]])
+        offsets = corpus.offsets[packets] if entries is None else entries["offset"].astype(
+            np.int64)
+        plan = np.concatenate([offsets + base, base + self.sizes[shard_ids]])
         dev = engine.upload(slot, "plan", plan)
         for s in needed:  # the kernels read a shard only once its copy is done
             self.copied[self.slot_of[s]].wait(engine.compute_stream)

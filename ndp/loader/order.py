@@ -10,14 +10,13 @@ holding a block of packets at a time (``ndp.loader.count``, ``ndp.loader.epoch``
 
 * ``shuffle=True``: document-level shuffling in windows (``ORDER``). Each epoch the shards are
   permuted, cut into windows of consecutive shards (up to ``shuffle_window`` bytes, 1 GiB by
-  default, ``WINDOW_SHARDS`` and ``WINDOW_PACKETS``; ``"all"``: one window), and the packets
-  of each window are permuted together by a keyed permutation computed place by place
-  (``ndp.loader.shuffle``: no window's permutation is ever drawn or held whole): every packet
-  (a document, or an SFT example) lands at a new place each epoch, among other neighbours,
-  and a dataset of up to a window is shuffled whole. Reads stay within two windows at a time
-  (a block shuffle, like MosaicML streaming's and litdata's), so the GPU's shard arena, a CPU
-  reader's open files and the index entries it holds stay bounded;
-  ``benchmarks/shuffle_quality.py`` measures it against theirs.
+  default, and ``WINDOW_SHARDS``; ``"all"``: one window), and the packets of each window are
+  permuted together by a keyed permutation computed place by place (``ndp.loader.shuffle``: no
+  window's permutation is ever drawn or held whole): every packet (a document, or an SFT
+  example) lands at a new place each epoch, among other neighbours, and a dataset of up to a
+  window is shuffled whole. Reads stay within two windows at a time (a block shuffle, like
+  MosaicML streaming's and litdata's), so the GPU's shard arena and a CPU reader's open files
+  stay bounded; ``benchmarks/shuffle_quality.py`` measures it against theirs.
 * ranks: rank ``r`` of ``W`` takes every W-th packet of the epoch's order, starting at ``r``;
   every packet is seen exactly once per epoch across the ranks, no two ranks share one, and the
   ranks' counts differ by at most one.
@@ -68,18 +67,11 @@ ORDER = "windows-v2"
 #: orders of earlier ndp versions: a state made in one is taken at an epoch's start only
 OLD_ORDERS = ("windows-v1",)
 #: a shuffle window: consecutive shards of the epoch's shard permutation, up to this many bytes
-#: by default (the Loader's ``shuffle_window``), at most ``WINDOW_SHARDS`` shards (a chunk
+#: by default (the Loader's ``shuffle_window``) and at most ``WINDOW_SHARDS`` shards (a chunk
 #: reads from at most two windows: the GPU's shard arena holds them, and a CPU reader opens
-#: each of their files once per chunk) and at most ``WINDOW_PACKETS`` packets (unless one
-#: shard holds more)
+#: each of their files once per chunk)
 WINDOW_BYTES = 1 << 30
 WINDOW_SHARDS = 256
-#: the most packets a window holds (but for a shard that holds more alone): a reader holds the
-#: index entries of the windows it reads (16 bytes a packet, ``ndp.store.lazy``), so that this
-#: bounds them for tiny documents too (1 GiB of 16-token documents is 27 M packets, 430 MB of
-#: entries; MosaicML streaming's default shuffle block is 4,000,000 samples). Documents of a
-#: few hundred tokens or more fill ``WINDOW_BYTES`` first.
-WINDOW_PACKETS = 1 << 22
 
 
 def check_window(window: int | str) -> int | None:
@@ -104,25 +96,17 @@ def most_shards_per_window(shard_bytes: np.ndarray, window_bytes: int | None = W
 
 
 def windows(shard_bytes: np.ndarray, perm: np.ndarray,
-            window_bytes: int | None = WINDOW_BYTES,
-            shard_packets: np.ndarray | None = None) -> list[np.ndarray]:
+            window_bytes: int | None = WINDOW_BYTES) -> list[np.ndarray]:
     """``perm`` (shard numbers) cut into shuffle windows by their sizes ``shard_bytes`` (one
-    window of all of them for ``None``): a window ends at the shard that brings it to
-    ``window_bytes``, or ``WINDOW_SHARDS`` shards, or ``WINDOW_PACKETS`` packets by their
-    ``shard_packets``, and before a shard that would take it past ``WINDOW_PACKETS``."""
+    window of all of them for ``None``)."""
     if window_bytes is None:
         return [perm]
-    out, start, held, packets = [], 0, 0, 0
+    out, start, held = [], 0, 0
     for i, s in enumerate(perm.tolist()):
-        n = 0 if shard_packets is None else int(shard_packets[s])
-        if packets and packets + n > WINDOW_PACKETS:
-            out.append(perm[start:i])
-            start, held, packets = i, 0, 0
         held += int(shard_bytes[s])
-        packets += n
-        if held >= window_bytes or packets >= WINDOW_PACKETS or i + 1 - start >= WINDOW_SHARDS:
+        if held >= window_bytes or i + 1 - start >= WINDOW_SHARDS:
             out.append(perm[start: i + 1])
-            start, held, packets = i + 1, 0, 0
+            start, held = i + 1, 0
     if start < perm.shape[0]:
         out.append(perm[start:])
     return out
@@ -138,18 +122,21 @@ def shards_at_once(sizes: np.ndarray, *, shuffle: bool,
     return min(n, 2 * most_shards_per_window(sizes, window)) if shuffle else min(n, 2)
 
 
-def packets_at_once(shard_packets: np.ndarray, *, shuffle: bool,
+def packets_at_once(shard_packets: np.ndarray, shard_bytes: np.ndarray, *, shuffle: bool,
                     window: int | None = WINDOW_BYTES) -> int:
-    """Packets a chunk may read among at once: those of two shuffle windows (each at most
-    ``WINDOW_PACKETS``, or one shard that holds more; ``None``: all of them), or of two shards
-    without shuffling. What a reader must hold the index entries of (``ndp.store.lazy``)."""
+    """Packets a chunk may read among at once, at most: those of two shuffle windows (the
+    shards with the most packets, as many as a window can hold; ``None``: all of them), or of
+    two shards without shuffling. What a reader that gathers index entries by packet must hold
+    the entries of (``ndp.store.lazy``)."""
     n = int(shard_packets.sum()) if shard_packets.shape[0] else 0
-    most = int(shard_packets.max()) if shard_packets.shape[0] else 0
+    if not shard_packets.shape[0]:
+        return 0
+    most = np.sort(shard_packets)[::-1]
     if not shuffle:
-        return min(n, 2 * most)
+        return min(n, int(most[:2].sum()))
     if window is None:
         return n
-    return min(n, 2 * max(WINDOW_PACKETS, most))
+    return min(n, 2 * int(most[:most_shards_per_window(shard_bytes, window)].sum()))
 
 
 #: an unshuffled epoch is walked in pieces of at most this many packets (``epoch_windows``)
@@ -231,8 +218,7 @@ def epoch_windows(
     rng = np.random.Generator(np.random.PCG64([seed, epoch, _ORDER_STREAM]))
     # the shard permutation, then each window's permutation keyed by its number (a state
     # records ORDER: this must not change under it)
-    cut = windows(shard_bytes, rng.permutation(n_shards), window_bytes, np.diff(base))
-    for k, window in enumerate(cut):
+    for k, window in enumerate(windows(shard_bytes, rng.permutation(n_shards), window_bytes)):
         starts = base[window].astype(np.int64)
         stops = base[window + 1].astype(np.int64)
         yield Window(starts, stops, round_keys(seed, epoch, _ORDER_STREAM, k))

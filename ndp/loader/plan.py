@@ -82,10 +82,7 @@ class Plan(Reach):
         self._shares: dict[int, Share] = {}
         self._batches: dict[int, int] = {}  # each epoch's batch count, once planned
         self._shard_bytes = np.array([s.size for s in corpus.shards], np.int64)
-        cache = getattr(corpus, "entry_cache", None)
-        if cache is not None:  # the index entries of what a chunk may read among, held
-            cache.fit(ENTRY_BYTES * packets_at_once(np.diff(corpus.base), shuffle=shuffle,
-                                                    window=self._window_bytes))
+        self._fit_cache(whole=crc_drop_rate > 0 or mix is not None)
         self._memo_share: np.ndarray | None = None
         self._memo: dict[int, int] = {}
         self._blocks_of: np.ndarray | None = None  # the share ``share_tokens`` remembers
@@ -100,6 +97,16 @@ class Plan(Reach):
         #: rank's own share aside): a window's packets (``ndp.loader.epoch``), or the whole
         #: order with mixing or an elastic remainder
         self.peak_plan_elements = 0
+
+    def _fit_cache(self, *, whole: bool) -> None:
+        """The corpus' entry cache: a share built ``whole`` gathers entries by packet, so it
+        holds those of what a chunk may read among (two windows); a share read place by place
+        holds its own (``ndp.loader.share_entries``), and the cache only what else asks."""
+        cache = getattr(self.corpus, "entry_cache", None)
+        if cache is not None:
+            cache.fit(ENTRY_BYTES * packets_at_once(
+                np.diff(self.corpus.base), self._shard_bytes, shuffle=self.shuffle,
+                window=self._window_bytes) if whole else 0)
 
     def variant(self, *, rank: int, world_size: int, batch_size: int, seq_len: int) -> Plan:
         """This plan for another rank, world size or batch shape (the same data, order,
@@ -119,6 +126,8 @@ class Plan(Reach):
         self.stop_ahead()
         self.elastic = remainder
         self._shares, self._batches = {}, {}
+        self._fit_cache(whole=remainder is not None or self.crc_drop_rate > 0
+                        or self._mix_keys is not None)
 
     def plan_ahead(self, epoch: int) -> None:
         """Plan ``epoch`` ahead, on the plan's thread (``ndp-plan``; one at most, ending when
@@ -227,7 +236,7 @@ class Plan(Reach):
                                      shuffle=self.shuffle, shard_bytes=self._shard_bytes,
                                      window_bytes=self._window_bytes))
         order = RankOrder(windows, rank=self.rank, world_size=W, length=length,
-                          repeat=self.mode == "packed")
+                          repeat=self.mode == "packed", corpus=self.corpus)
         known = -(-length // self.batch_size) if self.mode == "padded" else None
 
         def done(batches: int | None, peak: int) -> None:

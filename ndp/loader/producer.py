@@ -39,7 +39,7 @@ class Producer:
         self.plan, self.chunks, self.ring = plan, chunks, ring
         self._size = 1  # batches in the next chunk
         #: reads the next window's index entries ahead (``ndp.loader.warm``)
-        self.warmer = Warmer(plan.corpus)
+        self.warmer = Warmer()
 
     def run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
         """Put ``("chunk", epoch, Chunk)`` and, at each epoch's end, ``(EPOCH_END, next
@@ -110,6 +110,7 @@ class Producer:
             if slot is None:
                 return None
             plan.corpus.advance(pos)
+            self.warmer.current(share, pos)  # its window's entry table, if nothing builds it
             # packed: the chunk that makes the epoch's last batch reads to the share's end when
             # that is all it needs, so that the leftover packets are decoded and counted
             own_end = sh.length if plan.mode == "packed" and last else None
@@ -140,6 +141,9 @@ class Producer:
                 break
             if not layout.batches:
                 break
+        tables = getattr(share, "tables", None)
+        if tables is not None:  # read: its entry tables go (the plan keeps the share)
+            tables.clear()
         cap = sh.count.batches(stop.is_set)
         if done < cap:
             raise DataError(

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ndp.loader.packing import plan as place
+from ndp.store.columns import tokens_of
 
 #: share positions whose token counts ``Reach.share_tokens`` gathers at once
 TOKEN_BLOCK = 1 << 14
@@ -52,7 +53,9 @@ class Reach:
                     if edge >= n:
                         break
                     edge = n
-                ahead *= 4
+                # as far again as the tokens so far say is needed, an eighth more
+                mean = max(float(cum[-1]) / cum.shape[0], 1.0) if cum.shape[0] else 1.0
+                ahead = max(2 * ahead, int((need / mean) * 1.125) + 64)
             return min(pos + int(np.searchsorted(cum, need)) + 1, n)
         at = pos
         for _ in range(batches):  # packing: a batch takes its candidates when all are valid
@@ -69,6 +72,10 @@ class Reach:
         b = min(b, share.shape[0])
         if b <= a:
             return np.zeros(0, np.int64)
+        tables = getattr(share, "tables", None)  # a RankOrder's own entries, held
+        if tables is not None:
+            e = tables.entries(a, b)
+            return tokens_of(e["length"], e["typ"]).astype(np.int64, copy=False)
         own = getattr(share, "length", None)  # a RankOrder twice over: p >= own is p - own
         if own is not None and share.shape[0] > own and b > own:
             if a >= own:

@@ -7,8 +7,9 @@ and is one keyed permutation away from its packet (``ndp.loader.order.Window.at`
 ``RankOrder`` gives any slice of the share in O(slice + windows) with nothing held but the
 windows' ranges and keys: the producer reads its chunks from it, a resume starts anywhere in
 it, and nothing the size of the share (8 bytes a packet, 1.3 GB a rank at 1.3e9 documents and
-8 ranks) is built. Otherwise the share is an array, built in a pass (``ndp.loader.epoch``) or
-whole (``ndp.loader.plan.Plan._share_whole``).
+8 ranks) is built; its packets' index entries are held a window at a time
+(``ndp.loader.share_entries``). Otherwise the share is an array, built in a pass
+(``ndp.loader.epoch``) or whole (``ndp.loader.plan.Plan._share_whole``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ndp.loader.order import Window
+from ndp.loader.share_entries import ShareEntries
 
 
 class RankOrder:
@@ -27,7 +29,7 @@ class RankOrder:
     twice over (packed mode: a rank left short by corruption goes on from its start)."""
 
     def __init__(self, windows: list[Window], *, rank: int, world_size: int, length: int,
-                 repeat: bool = False) -> None:
+                 repeat: bool = False, corpus: Any = None) -> None:
         self.windows = windows
         sizes = np.array([w.size for w in windows], np.int64)
         self._ends = np.cumsum(sizes)  # epoch place where each window ends
@@ -35,6 +37,9 @@ class RankOrder:
         self.rank, self.world_size, self.length = rank, world_size, length
         self.shape = (2 * length if repeat else length,)
         self.dtype = np.dtype(np.int64)
+        #: its own packets' index entries, a window at a time, if given the ``corpus``
+        #: (``ndp.loader.share_entries``)
+        self.tables = None if corpus is None else ShareEntries(self, corpus)
 
     def __len__(self) -> int:
         return self.shape[0]

@@ -42,11 +42,15 @@ class HostStager:
                 shard.read_ranges(np.zeros(1, np.int64), sizes[s:s + 1], self._whole,
                                   self._base[s:s + 1])
 
-    def stage(self, packets: np.ndarray, slot: Slot) -> Staged:
+    def stage(self, packets: np.ndarray, slot: Slot, entries: np.ndarray | None = None
+              ) -> Staged:
+        """The chunk's packets read into the host buffer (``entries``: their index entries,
+        if the caller holds them; else gathered from the indexes)."""
         corpus = self.corpus
         n = packets.shape[0]
         shard_ids = corpus.shard_of(packets)
-        entries = corpus.entries_at(packets, shard_ids)  # one gather for both fields
+        if entries is None:
+            entries = corpus.entries_at(packets, shard_ids)  # one gather for both fields
         offsets = entries["offset"].astype(np.int64)
         if self._whole is not None:
             base = self._base[shard_ids]

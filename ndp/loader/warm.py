@@ -1,16 +1,16 @@
-"""The index entries of the next shuffle window, read before the producer needs them
-(``Warmer``).
+"""The next shuffle window's table of this rank's index entries, built before the producer needs
+it (``Warmer``).
 
-A chunk's packets are read at the offsets their index entries give, and a shard's entries are
-read (and on their first read checked) when a chunk first needs them (``ndp.store.lazy``): a
-window of tiny documents is a few shards of 1.7 M entries each, 26 MB apiece, 25-60 ms each off
-a cold page cache on this project's VM. So the chunk that enters a window, the first of an
-epoch among them, waited for its whole window's entries. The producer tells the ``Warmer``
-where it is after each chunk; the warmer reads the entries of the window after that one (at an
-epoch's last window, the first window of the next epoch, planned ahead) on a thread of its own
-(``ndp-warm``: one at a time, gone when done; reading a file waits on the disk with the GIL
-released), into the corpus' entry cache, which holds two windows' (``EntryCache.fit``). Only
-for shares read place by place (``ndp.loader.share.RankOrder``), whose windows are known ahead.
+A share read place by place holds its own packets' index entries a window at a time
+(``ndp.loader.share_entries``); a window's table is built by reading its shards' entries (26 MB
+a 64 MiB shard of 16-token documents, 10-60 ms each from the page cache or the disk), so the
+chunk that entered a window, the first of an epoch among them, waited for it. The producer tells
+the ``Warmer`` where it is after each chunk; the warmer builds the table of the window after
+that one (at an epoch's last window, the next epoch's first, from its share planned ahead) on a
+thread of its own (``ndp-warm``: one at a time, gone when done). Before each chunk it builds
+the table of the window the chunk reads if nothing has (a run's start, a resume): that chunk
+reads its entries one by one meanwhile. Only for shares read place by place
+(``ndp.loader.share.RankOrder``), whose windows are known ahead.
 """
 
 from __future__ import annotations
@@ -18,66 +18,69 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-import numpy as np
-
 from ndp.loader.share import RankOrder
 
 
 class Warmer:
-    """Reads the next window's index entries ahead of the producer (module docstring)."""
+    """Builds the next window's entry table ahead of the producer (module docstring)."""
 
-    def __init__(self, corpus: Any) -> None:
-        self.corpus = corpus
+    def __init__(self) -> None:
         self._thread: threading.Thread | None = None
-        self._warmed: tuple | None = None  # (share, window) last read ahead
-        #: windows whose entries were read ahead (for tests and stats)
+        self._warmed: tuple | None = None  # (share, window) last built ahead
+        #: windows whose tables were built ahead (for tests and stats)
         self.windows = 0
 
+    def current(self, share: Any, pos: int) -> None:
+        """The producer is about to read from share position ``pos``: build that window's
+        table on the thread unless it is held or a build is under way (a chunk of a window
+        being built reads its entries one by one meanwhile, ``ShareEntries.entries``)."""
+        if (not isinstance(share, RankOrder) or share.tables is None or not len(share)
+                or (self._thread is not None and self._thread.is_alive())):
+            return
+        k = share.window_at(min(pos, len(share) - 1))
+        if k not in share.tables.held():
+            self._start(share, k)
+
     def ahead(self, share: Any, pos: int, after: Callable[[], Any] | None = None) -> None:
-        """The producer is at share position ``pos`` of ``share``: read the next window's
-        entries, unless read already or a read is under way. ``after()``: the next epoch's
+        """The producer is at share position ``pos`` of ``share``: build the next window's
+        table, unless built already or a build is under way. ``after()``: the next epoch's
         share if planned (else ``None``), for the window after an epoch's last."""
-        if not isinstance(share, RankOrder) or (self._thread is not None
-                                                and self._thread.is_alive()):
+        if (not isinstance(share, RankOrder) or share.tables is None or not len(share)
+                or (self._thread is not None and self._thread.is_alive())):
             return
-        k = share.window_at(min(pos, len(share) - 1)) + 1 if len(share) else 0
-        if k < len(share.windows):
-            target = (id(share), k)
-            window = share.windows[k]
-        else:
+        k = share.window_at(min(pos, len(share) - 1)) + 1
+        target = share
+        if k >= len(share.windows) or share.tables.span(k)[0] >= share.length:
             nxt = after() if after is not None else None
-            if not isinstance(nxt, RankOrder) or not nxt.windows:
+            if not isinstance(nxt, RankOrder) or nxt.tables is None or not nxt.windows:
                 return
-            target, window = (id(nxt), 0), nxt.windows[0]
-        if target == self._warmed:
+            target, k = nxt, 0
+        if (id(target), k) == self._warmed or k in target.tables.held():
             return
-        self._warmed = target
-        shards = self._shards(window)
-        indexes = self.corpus.indexes
+        self._start(target, k)
 
-        def read() -> None:
-            for s in shards:
-                try:
-                    indexes[s].entries  # read (and checked) into the cache
-                except BaseException:  # noqa: BLE001 - the producer reads it again, and raises
-                    return
+    def _start(self, share: Any, k: int) -> None:
+        """Build ``share``'s window ``k`` table on the thread (marked as being built before
+        the thread starts: a chunk asking for it meanwhile reads its entries one by one)."""
+        self._warmed = (id(share), k)
+        tables = share.tables
+        if not tables.claim(k):
+            return  # being built already
 
-        self._thread = threading.Thread(target=read, name="ndp-warm", daemon=True)
+        def build() -> None:
+            try:
+                tables.prepare(k)
+            except BaseException:  # noqa: BLE001 - the producer builds it again, and raises
+                pass
+            finally:
+                tables.unclaim(k)
+
+        self._thread = threading.Thread(target=build, name="ndp-warm", daemon=True)
         self._thread.start()
         self.windows += 1
 
-    def _shards(self, window: Any) -> list[int]:
-        """The shards ``window``'s packet ranges lie in."""
-        base = self.corpus.base
-        first = np.searchsorted(base, window.starts, side="right") - 1
-        last = np.searchsorted(base, np.maximum(window.stops - 1, window.starts), side="right") - 1
-        out: list[int] = []
-        for a, b in zip(first.tolist(), last.tolist()):
-            out.extend(s for s in range(a, b + 1) if s not in out)
-        return out
-
     def join(self) -> None:
-        """Wait for a read under way (closing)."""
+        """Wait for a build under way (closing)."""
         thread = self._thread
         if thread is not None:
             thread.join()

@@ -242,21 +242,24 @@ class Corpus:
         return entries_at(self, packets, shard_ids)
 
     def check_headers(self, packets: np.ndarray, data: np.ndarray | None = None,
-                      at: np.ndarray | None = None) -> None:
+                      at: np.ndarray | None = None, entries: np.ndarray | None = None) -> None:
         """``IndexMismatchError`` if a packet's header disagrees with its index entry (LEN,
         SRC, DST, TYP): what an index matched by size alone leaves to be checked when the
         packets are read. ``data``/``at``: the packets' bytes already read (host staging:
-        packet ``k`` at ``data[at[k]:]``), else their headers are read from the files.
-        Nothing to do when the indexes were checked whole at load."""
+        packet ``k`` at ``data[at[k]:]``), else their headers are read from the files;
+        ``entries``: the packets' entries, if the caller holds them. Nothing to do when the
+        indexes were checked whole at load."""
         if self.headers_checked or packets.shape[0] == 0:
             return
         shard_ids = self.shard_of(packets)
         for s in np.unique(shard_ids).tolist():
             mine = shard_ids == s
             local = packets[mine] - self.base[s]
-            check_headers(self.indexes[s].entries, local, self.shards[s],
-                          where=self.shards[s].index_path, data=data,
-                          at=None if at is None else at[mine])
+            check_headers(self.indexes[s].entries if entries is None else entries[mine],
+                          local if entries is None else np.arange(local.shape[0]),
+                          self.shards[s], where=self.shards[s].index_path, data=data,
+                          at=None if at is None else at[mine],
+                          numbers=None if entries is None else local)
 
     def will_read(self, share: Any, pos: int, end: int | None = None) -> None:
         """A reader will read the packets ``share[:end]`` in order, from position ``pos`` on:

@@ -283,11 +283,12 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
 
 def check_headers(entries: np.ndarray, which: np.ndarray, shard: Shard, *,
                   where: Path | str | None = None, data: np.ndarray | None = None,
-                  at: np.ndarray | None = None) -> None:
+                  at: np.ndarray | None = None, numbers: np.ndarray | None = None) -> None:
     """``IndexMismatchError`` unless the index ``entries[which]`` (all inside the shard) are
     the packets' own header bytes: sync, SRC, DST, TYP and LEN. ``data``/``at``: the packets'
     bytes already read (packet ``k`` at ``data[at[k]:]``), else the headers are read from the
-    file (6 bytes each)."""
+    file (6 bytes each). ``numbers``: the entries' numbers in the index, for the error (else
+    ``which``)."""
     if which.shape[0] == 0:
         return
     e = entries[which]
@@ -302,8 +303,9 @@ def check_headers(entries: np.ndarray, which: np.ndarray, shard: Shard, *,
                    np.ascontiguousarray(e["typ"]), wrong)
     if wrong.any():
         bad = int(np.flatnonzero(wrong)[0])
+        number = int((which if numbers is None else numbers)[bad])
         raise IndexMismatchError(
-            f"{where or shard.index_path}: entry {int(which[bad])} (byte {int(offsets[bad])}) "
+            f"{where or shard.index_path}: entry {number} (byte {int(offsets[bad])}) "
             f"disagrees with the packet header there ({int(wrong.sum())} of {which.shape[0]} "
             f"entries checked do). Rebuild it with 'ndp index {shard.path}'.")
 

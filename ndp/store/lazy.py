@@ -22,6 +22,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -172,25 +173,26 @@ class LazyIndex:
             with self._lock:  # one read of a shard's entries at a time
                 got = self._pinned if self._pinned is not None else self._cache.get(id(self))
                 if got is None:
-                    got = self._load()
-                    self._read = True
+                    got = self._load(hold=True)
         return got
 
     def passing(self, local: slice = slice(None)) -> np.ndarray:
         """Entries ``local`` for a reader passing through every shard once (the plan's count
-        of an epoch, a block of packets at a time): from the held ones if held, else (once
-        checked) only that range read, without being held, so that the pass does not push out
-        the entries the decoder is using."""
+        of an epoch, a rank's table of its own entries: a block at a time), without holding
+        them, so that the pass does not push out the entries others use: from the held ones if
+        held, else only that range read (the whole index on its first read, to check it)."""
         got = self._pinned
         if got is None:
             got = self._cache.get(id(self))
-        if got is None and self._read:
+        if got is None:
             with self._lock:
                 if self._pinned is not None:
                     return self._pinned[local]
+                if not self._read:
+                    return self._load(hold=False)[local]
                 start, stop, _ = local.indices(self._n)
                 return self._read_entries(start, max(start, stop))
-        return (got if got is not None else self.entries)[local]
+        return got[local]
 
     @property
     def offsets(self) -> np.ndarray:
@@ -203,19 +205,24 @@ class LazyIndex:
                         self.shard, where=self.path, headers=False)
         return entries
 
+    def _same_header(self, f: Any) -> None:
+        """``IndexMismatchError`` unless the open file ``f``'s header is the one the dataset
+        was opened with."""
+        head = f.read(INDEX_HEADER_BYTES)
+        size = os.fstat(f.fileno()).st_size
+        if parse_header(head, size, self.path) != self._head:
+            raise IndexMismatchError(
+                f"{self.path}: changed since the dataset was opened (its header says other "
+                f"counts now). Rebuild it with 'ndp index {self.shard.path}' and open the "
+                f"dataset again.")
+
     def _read_entries(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """The entries ``start`` to ``stop`` (all by default) as the file holds them now, its
         header the one the dataset was opened with (``IndexMismatchError`` otherwise)."""
         path = self.path
         stop = self._n if stop is None else stop
         with path.open("rb") as f:
-            head = f.read(INDEX_HEADER_BYTES)
-            size = os.fstat(f.fileno()).st_size
-            if parse_header(head, size, path) != self._head:
-                raise IndexMismatchError(
-                    f"{path}: changed since the dataset was opened (its header says other "
-                    f"counts now). Rebuild it with 'ndp index {self.shard.path}' and open the "
-                    f"dataset again.")
+            self._same_header(f)
             if start:
                 f.seek(INDEX_HEADER_BYTES + start * INDEX_ENTRY_DTYPE.itemsize)
             entries = np.fromfile(f, dtype=INDEX_ENTRY_DTYPE, count=stop - start)
@@ -224,13 +231,40 @@ class LazyIndex:
                                      f"'ndp index {self.shard.path}'.")
         return entries
 
-    def _load(self) -> np.ndarray:
-        """``_read_checked`` into the cache, or where the entries fail their checks a scan of
-        the shard that finds as many packets, held for good (see the module docstring)."""
+    def read_at(self, local: np.ndarray) -> np.ndarray:
+        """Entries ``local`` (in ``[0, len)``), from the held ones if held, else read one by
+        one (16 bytes each): for a reader that needs a few entries of a shard before a whole
+        read of its index would be done (a rank's first chunk of a window while the window's
+        table is built, ``ndp.loader.share_entries``). Not the first-use check: the table's
+        read of the whole index makes it; each packet read is checked against its entry as it
+        is decoded."""
+        got = self._pinned if self._pinned is not None else self._cache.get(id(self))
+        if got is not None:
+            return got[local]
+        size = INDEX_ENTRY_DTYPE.itemsize
+        out = np.empty(local.shape[0], INDEX_ENTRY_DTYPE)
+        raw = out.view(np.uint8).reshape(-1, size)
+        with self.path.open("rb") as f:
+            self._same_header(f)
+            fd = f.fileno()
+            for i, at in enumerate(local.tolist()):
+                piece = os.pread(fd, size, INDEX_HEADER_BYTES + at * size)
+                if len(piece) != size:
+                    raise IndexMismatchError(f"{self.path}: cut short while read. Rebuild it "
+                                             f"with 'ndp index {self.shard.path}'.")
+                raw[i] = np.frombuffer(piece, np.uint8)
+        return out
+
+    def _load(self, *, hold: bool) -> np.ndarray:
+        """``_read_checked`` (into the cache if ``hold``), or where the entries fail their
+        checks a scan of the shard that finds as many packets, held for good (see the module
+        docstring)."""
         try:  # checked the first time; read again after the cache let go of them, the
             # header compared (a file replaced since then is caught as its packets are decoded)
             entries = self._read_entries() if self._read else self._read_checked()
-            self._cache.put(id(self), entries)
+            self._read = True
+            if hold:
+                self._cache.put(id(self), entries)
             return entries
         except IndexMismatchError as err:  # an OSError (no permission now) is raised as it is
             if self._on_stale == "error":
@@ -246,6 +280,7 @@ class LazyIndex:
         warnings.warn(f"{problem}; scanning the shard instead", stacklevel=5)
         self._found(scan)
         self._pinned = scan.entries
+        self._read = True
         return scan.entries
 
 

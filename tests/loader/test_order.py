@@ -153,30 +153,6 @@ def test_the_window_shuffle_permutes_documents_within_windows_of_whole_shards():
     assert not np.array_equal(one, order) and sorted(one.tolist()) == list(range(base[-1]))
 
 
-def test_a_window_holds_at_most_window_packets_unless_one_shard_holds_more(monkeypatch):
-    """Tiny documents: the window ends at WINDOW_PACKETS packets (before the shard that would
-    pass it), so what a reader holds of a window's index does not grow with the bytes
-    allowed; a shard that alone holds more is a window of its own."""
-    import ndp.loader.order as order
-
-    monkeypatch.setattr(order, "WINDOW_PACKETS", 100)
-    packets = np.random.default_rng(4).integers(1, 90, 300)
-    packets[17] = 150  # more than a window alone
-    base = np.concatenate([[0], np.cumsum(packets)]).astype(np.int64)
-    kw = dict(seed=2, epoch=5, shard_bytes=packets * 40, window_bytes=1 << 30)
-    wins = list(order.epoch_windows(base, **kw))
-    assert sum(w.size for w in wins) == base[-1]
-    for w, nxt in zip(wins, wins[1:] + [None]):
-        assert w.size <= 100 or w.starts.shape[0] == 1, w.size
-        if nxt is not None:  # it ended because the next shard would take it past 100
-            assert w.size + int(nxt.stops[0] - nxt.starts[0]) > 100 or w.size == 100
-    assert any(w.size == 150 for w in wins)
-    whole = order.epoch_order(base, **kw)
-    assert np.array_equal(np.sort(whole), np.arange(base[-1]))
-    # "all" is one window, whatever it holds
-    assert len(list(order.epoch_windows(base, **{**kw, "window_bytes": None}))) == 1
-
-
 def test_one_shard_is_shuffled_whole_each_epoch_not_rotated():
     """The issue's case: one 256 MB shard, and epoch 1 was epoch 0 rotated."""
     from ndp.loader.order import epoch_order

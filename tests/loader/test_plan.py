@@ -33,7 +33,7 @@ def old_order(base, shard_bytes, *, seed, epoch, shuffle, window_bytes):
     rng = np.random.Generator(np.random.PCG64([seed, epoch, 0x0D3E]))
     parts = []
     for k, window in enumerate(windows(shard_bytes, rng.permutation(base.shape[0] - 1),
-                                       window_bytes, np.diff(base))):
+                                       window_bytes)):
         packets = np.concatenate([np.arange(base[s], base[s + 1]) for s in window.tolist()])
         n = packets.shape[0]
         parts.append(packets[permute(np.arange(n), n, round_keys(seed, epoch, 0x0D3E, k))])
@@ -326,22 +326,32 @@ def test_the_end_of_a_packed_share_does_not_read_its_repeat_for_nothing(uneven, 
     from ndp.loader.share import RankOrder
 
     monkeypatch.setattr(reach_module, "TOKEN_BLOCK", 16)
-    plan = plan_of(uneven, mode="packed", world_size=3, batch_size=2, seq_len=4)
-    share = plan.share(0).packets
-    assert isinstance(share, RankOrder) and len(share) == 2 * share.length
-    L = share.length
-    want = np.asarray(uneven.tokens[np.asarray(share)])
-    for a, b in ((L - 5, L + 5), (L, L + 20), (L + 3, 2 * L), (0, 2 * L)):
-        assert np.array_equal(plan.share_tokens(share, a, b), want[a:b]), (a, b)
-    asked = []
-    real = RankOrder.__getitem__
-    monkeypatch.setattr(RankOrder, "__getitem__",
-                        lambda self, k: asked.append(k) or real(self, k))
-    plan._blocks_of = None  # nothing remembered
+    kw = dict(mode="packed", world_size=3, batch_size=2, seq_len=4, window=2500)
+    held = plan_of(uneven, **kw).share(0).packets  # with its entry tables
+    assert isinstance(held, RankOrder) and held.tables is not None and len(held.windows) > 3
+    L = held.length
+    bare = RankOrder(held.windows, rank=0, world_size=3, length=L, repeat=True)  # none
+    want = np.asarray(uneven.tokens[np.asarray(held)])
+    assert len(held) == 2 * L and np.array_equal(np.asarray(bare), np.asarray(held))
     tokens = np.cumsum(want[:L][::-1])[::-1]  # tokens from each position to the share's end
     pos = int(np.flatnonzero(tokens > 3 * 2 * 4)[-1])  # 3 batches' tokens before the end
-    assert plan.chunk_end(share, pos, 0, 2) <= L
-    assert all(k.stop <= L for k in asked if isinstance(k, slice)), asked
+    for share in (held, bare):
+        plan = plan_of(uneven, **kw)
+        for a, b in ((L - 5, L + 5), (L, L + 20), (L + 3, 2 * L), (0, 2 * L)):
+            assert np.array_equal(plan.share_tokens(share, a, b), want[a:b]), (a, b)
+        asked = []
+        real = RankOrder.__getitem__
+        monkeypatch.setattr(RankOrder, "__getitem__",
+                            lambda self, k: asked.append(k) or real(self, k))
+        plan = plan_of(uneven, **kw)  # nothing remembered
+        if share is held:
+            share = plan.share(0).packets  # no table built yet
+        assert plan.chunk_end(share, pos, 0, 2) <= L
+        assert all(k.stop <= L for k in asked if isinstance(k, slice)), asked
+        if share.tables is not None:  # only the windows the chunk lies in
+            assert share.tables.held() == sorted({share.window_at(p) for p in range(pos, L)})
+        monkeypatch.undo()
+        monkeypatch.setattr(reach_module, "TOKEN_BLOCK", 16)
 
 
 def test_share_tokens_are_the_index_counts_gathered_once_a_block(uneven, monkeypatch):
@@ -352,7 +362,7 @@ def test_share_tokens_are_the_index_counts_gathered_once_a_block(uneven, monkeyp
 
     monkeypatch.setattr(reach_module, "TOKEN_BLOCK", 16)
     plan = plan_of(uneven, mode="packing", world_size=3)
-    share = plan.share(0).packets
+    share = np.asarray(plan.share(0).packets)  # a share built whole (no entry tables)
     want = np.asarray(uneven.tokens[share])
     gathers = []
     column = type(uneven.tokens)

@@ -1,4 +1,4 @@
-"""The next window's index entries read ahead (ndp.loader.warm): the window after the
+"""The next window's entry table built ahead (ndp.loader.warm): the window after the
 producer's, at an epoch's end the next epoch's first, once each, on a thread that is gone when
 done and when the Loader is closed."""
 
@@ -25,46 +25,38 @@ def shards(tmp_path, n=12, per=10):
     return Corpus(tmp_path)
 
 
-def orders(corpus, epoch, window_bytes):
+def order_of(corpus, epoch, window_bytes, world_size=1, rank=0):
     sizes = np.array([s.size for s in corpus.shards], np.int64)
     wins = list(epoch_windows(corpus.base, seed=1, epoch=epoch, shard_bytes=sizes,
                               window_bytes=window_bytes))
-    return RankOrder(wins, rank=0, world_size=1, length=corpus.n_packets)
+    return RankOrder(wins, rank=rank, world_size=world_size,
+                     length=corpus.n_packets // world_size, corpus=corpus)
 
 
-def loaded(corpus):
-    return {s for s, index in enumerate(corpus.indexes) if index.loaded}
-
-
-def window_shards(corpus, window):
-    return set((np.searchsorted(corpus.base, window.starts, side="right") - 1).tolist())
-
-
-def test_the_window_after_the_producers_is_read_ahead_then_the_next_epochs_first(tmp_path):
+def test_the_window_after_the_producers_is_built_ahead_then_the_next_epochs_first(tmp_path):
     corpus = shards(tmp_path)
     size = corpus.shards[0].size
-    share, after = orders(corpus, 0, 3 * size), orders(corpus, 1, 3 * size)
+    share, after = order_of(corpus, 0, 3 * size), order_of(corpus, 1, 3 * size)
     assert len(share.windows) == 4
-    warm = Warmer(corpus)
-    assert loaded(corpus) == set()
+    warm = Warmer()
     for k in range(4):
-        pos = int(share._starts[k])  # window k's first place (one rank: a share position)
+        pos = share.tables.span(k)[0]  # the first share position of window k
         assert share.window_at(pos) == k
         warm.ahead(share, pos, lambda: after)
         warm.join()
-        want = window_shards(corpus, share.windows[k + 1] if k < 3 else after.windows[0])
-        assert want <= loaded(corpus), k
-        if k < 2:  # nothing past the next window
-            assert not window_shards(corpus, share.windows[k + 2]) & loaded(corpus)
-    reads, n = corpus.entry_cache.reads, warm.windows
-    warm.ahead(share, int(share._starts[3]), lambda: after)  # read already: not again
+        if k < 3:
+            assert k + 1 in share.tables.held() and k + 2 not in share.tables.held()
+        else:
+            assert after.tables.held() == [0]
+    built = share.tables.built
+    warm.ahead(share, share.tables.span(2)[0], lambda: after)  # built already: not again
     warm.join()
-    assert corpus.entry_cache.reads == reads and warm.windows == n == 4
-    warm.ahead(np.arange(5), 0)  # a share built whole: nothing read ahead
+    assert share.tables.built == built and warm.windows == 4
+    warm.ahead(np.arange(5), 0)  # a share built whole: nothing built ahead
     assert warm.windows == 4
 
 
-def test_a_loader_reads_windows_ahead_and_leaves_no_thread(tmp_path):
+def test_a_loader_builds_windows_ahead_and_leaves_no_thread(tmp_path):
     corpus = shards(tmp_path)
     loader = Loader(tmp_path, mode="packed", batch_size=1, seq_len=4, backend="cpu",
                     output="arrays", shuffle_window=3 * corpus.shards[0].size)

@@ -220,19 +220,23 @@ def test_a_pass_through_every_shard_does_not_push_out_the_entries_in_use(twelve_
 
 
 def test_a_loader_holds_the_entries_of_two_windows_unless_told(twelve_shards, monkeypatch):
-    """``EntryCache.fit``: a Loader's cache holds what a chunk may read among (two windows of
-    at most WINDOW_PACKETS, two shards unshuffled, everything for "all"), at least
-    LEAST_CACHE_BYTES; NDP_INDEX_CACHE_BYTES, when set, is kept."""
-    import ndp.loader.order as order
+    """``EntryCache.fit``: a Loader's cache holds what a chunk may read among when it gathers
+    entries by packet (two windows of the shards with the most packets, two shards
+    unshuffled, everything for "all"), at least LEAST_CACHE_BYTES; nothing more when its
+    shares are read place by place (they hold their own entries); NDP_INDEX_CACHE_BYTES,
+    when set, is kept."""
     from ndp.loader.loader import Loader
 
     path, _ = twelve_shards
     entry = INDEX_ENTRY_DTYPE.itemsize
+    size = Corpus(path).shards[0].size
     monkeypatch.setattr("ndp.store.lazy.LEAST_CACHE_BYTES", 0)
-    monkeypatch.setattr(order, "WINDOW_PACKETS", 25)
-    kw = dict(mode="padded", batch_size=2, seq_len=8, backend="cpu", output="arrays")
-    assert Loader(path, **kw).corpus.entry_cache.budget == 2 * 25 * entry
-    assert Loader(path, shuffle=False, **kw).corpus.entry_cache.budget == 2 * 10 * entry
+    kw = dict(mode="padded", batch_size=2, seq_len=8, backend="cpu", output="arrays",
+              crc_drop_rate=0.1)  # a share built whole: it gathers entries by packet
+    assert Loader(path, **{**kw, "crc_drop_rate": 0.0}).corpus.entry_cache.budget == 0
+    window = 3 * size - 1  # three shards a window (the third takes it to 3 * size)
+    assert Loader(path, shuffle_window=window, **kw).corpus.entry_cache.budget == 60 * entry
+    assert Loader(path, shuffle=False, **kw).corpus.entry_cache.budget == 20 * entry
     assert Loader(path, shuffle_window="all", **kw).corpus.entry_cache.budget == 120 * entry
     monkeypatch.setenv("NDP_INDEX_CACHE_BYTES", "1000")
     assert Loader(path, **kw).corpus.entry_cache.budget == 1000

@@ -108,7 +108,10 @@ def test_300_shards_under_ulimit_256_and_files_released_on_close(tmp_path):
     result = run_child(MANY, str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     before, most, after = map(int, result.stdout.split("FDS")[1].split())
-    assert most - before <= 256 // 8 + 4  # ndp's bound (an eighth of the limit), and a few
+    # ndp's bound (an eighth of the limit), and a few open for a moment, one a thread: the
+    # producer's index read, the plan thread's (the count) and its count lock, the warm
+    # thread's (the next window's entries), the numba cache
+    assert most - before <= 256 // 8 + 6
     assert after <= before + 1
 
 

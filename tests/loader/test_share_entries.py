@@ -1,0 +1,120 @@
+"""A rank's own packets' index entries, a window at a time (ndp.loader.share_entries): any
+range of share positions gives the entries a gather by packet gives, across windows and past
+the share's own packets; a table holds the rank's packets of one window; at most two are held;
+building them does not fill the corpus' entry cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ndp.loader.order import epoch_windows
+from ndp.loader.share import RankOrder
+from ndp.store.corpus import Corpus
+from ndp.wire.packet import encode_tokens
+
+from ndp_test_helpers import ramp, write_shards
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("uneven")
+    sizes = np.random.default_rng(3).integers(1, 60, 24)
+    at = 0
+    for i, n in enumerate(sizes.tolist()):
+        write_shards(path, [encode_tokens(ramp(100 * (at + k), 1 + (at + k) % 9))
+                            for k in range(n)], prefix=f"s{i:03d}")
+        at += n
+    return Corpus(path)
+
+
+def order_of(corpus, *, world_size, rank, window, repeat=False, shuffle=True):
+    sizes = np.array([s.size for s in corpus.shards], np.int64)
+    wins = list(epoch_windows(corpus.base, seed=7, epoch=2, shuffle=shuffle, shard_bytes=sizes,
+                              window_bytes=window, block=50))
+    return RankOrder(wins, rank=rank, world_size=world_size,
+                     length=corpus.n_packets // world_size, repeat=repeat, corpus=corpus)
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 8])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_every_range_is_the_gather_by_packet(corpus, world_size, shuffle, monkeypatch):
+    monkeypatch.setattr("ndp.loader.share_entries.BLOCK", 7)  # blocks of entries and places
+    size = int(np.median([s.size for s in corpus.shards]))
+    rng = np.random.default_rng(world_size)
+    for rank in range(world_size):
+        share = order_of(corpus, world_size=world_size, rank=rank, window=3 * size,
+                         repeat=True, shuffle=shuffle)
+        n = len(share)
+        want = corpus.entries_at(np.asarray(share))
+        spans = [share.tables.span(k) for k in range(len(share.windows))]
+        assert spans[0][0] == 0 and spans[-1][1] == share.length
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # back to back
+        for a, b in [(0, n), (0, 1), (n - 1, n), (share.length - 3, share.length + 4)] + [
+                tuple(sorted(rng.integers(0, n + 1, 2))) for _ in range(25)]:
+            got = share.tables.entries(int(a), int(b))
+            assert got.tobytes() == want[a:b].tobytes(), (rank, a, b)
+        assert len(share.tables.held()) <= 2
+
+
+def test_a_table_holds_the_ranks_packets_of_its_window_only(corpus):
+    share = order_of(corpus, world_size=4, rank=1, window=1 << 62)  # "all": one window
+    assert len(share.windows) == 1
+    table = share.tables.table(0)
+    assert table.shape[0] == share.length <= corpus.n_packets // 4
+    many = order_of(corpus, world_size=4, rank=1, window=500)
+    for k in range(len(many.windows)):
+        a, b = many.tables.span(k)
+        assert many.tables.table(k).shape[0] == b - a <= many.windows[k].size // 4 + 1
+    assert many.tables.largest <= max(w.size for w in many.windows) // 4 + 1
+
+
+def test_building_tables_reads_in_passing_not_into_the_entry_cache(corpus):
+    fresh = Corpus(corpus.paths[0].parent)
+    share = order_of(fresh, world_size=2, rank=0, window=1 << 62)
+    share.tables.table(0)
+    mine = set(fresh.shard_of(np.asarray(share)).tolist())
+    assert {s for s, index in enumerate(fresh.indexes) if index.loaded} == mine  # checked
+    assert fresh.entry_cache.held_bytes == 0  # and none of them held
+
+
+def test_while_a_table_is_built_a_chunk_reads_its_entries_one_by_one(corpus):
+    """A run's first chunk does not wait for its window's whole table: while a thread has
+    claimed the window, up to DIRECT positions are read entry by entry (LazyIndex.read_at),
+    the same entries; a larger range, or one nobody builds, waits for the table."""
+    fresh = Corpus(corpus.paths[0].parent)
+    share = order_of(fresh, world_size=3, rank=2, window=1 << 62)
+    want = corpus.entries_at(np.asarray(share))  # the same files, another corpus
+    tables = share.tables
+    assert tables.claim(0) and not tables.claim(0)  # a thread is about to build it
+    got = tables.entries(5, 40)
+    assert got.tobytes() == want[5:40].tobytes() and tables.direct == 35
+    assert tables.held() == [] and fresh.entry_cache.held_bytes == 0
+    assert not any(index.loaded for index in fresh.indexes)  # no whole read, no check yet
+    tables.unclaim(0)
+    assert tables.entries(5, 40).tobytes() == want[5:40].tobytes()  # nobody builds: built
+    assert tables.held() == [0] and tables.direct == 35
+
+
+def test_a_lying_index_read_one_by_one_is_still_caught_by_its_tables_check(tmp_path):
+    """Entries read one by one skip the first-use check of their index; the table built
+    meanwhile reads the whole index and makes it (here: a lie the check refuses)."""
+    from ndp.errors import IndexMismatchError
+    from ndp.store.index import read_index, write_index
+    from ndp.store.shard import Shard
+
+    write_shards(tmp_path, [encode_tokens(ramp(100 * k, 3 + k % 4)) for k in range(30)])
+    (path,) = sorted(tmp_path.glob("*.ndp"))
+    index = read_index(Shard(path).index_path)
+    lie = index.entries.copy()
+    lie["offset"][7] = lie["offset"][6]  # a packet twice, one left out
+    write_index(Shard(path).index_path, lie, index.shard_size, index.shard_crc32,
+                index.data_offset)
+    fresh = Corpus(tmp_path, on_stale="error")
+    share = order_of(fresh, world_size=1, rank=0, window=1 << 62)
+    tables = share.tables
+    assert tables.claim(0)
+    assert tables.entries(0, 3).shape == (3,)  # read one by one: not checked yet
+    tables.unclaim(0)
+    with pytest.raises(IndexMismatchError, match="repeats or overlaps"):
+        tables.table(0)
