@@ -78,8 +78,21 @@ class CpuEngine:
     #: whether work is queued on streams that a consumer must be ordered after
     has_streams = False
 
+    #: the GPU this engine works on (``None``: the host)
+    device: int | None = None
+
     def __init__(self, counters: Counters | None = None) -> None:
         self.counters = counters if counters is not None else Counters()
+
+    def activated(self) -> Any:
+        """A context in which this engine's device is current (nothing on the host)."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def enter_thread(self) -> None:
+        """Make this engine's device current for good in a thread ndp started (nothing on the
+        host)."""
 
     # ------------------------------------------------------------------------------- buffers
     def scratch(self, slot: Slot, name: str, n: int, dtype: Any) -> tuple[Any, np.ndarray]:

@@ -24,6 +24,7 @@ import numpy as np
 from ndp.engine.backend import simulated
 from ndp.engine.counters import Counters
 from ndp.engine.device import LEGACY_DEFAULT_STREAM, Buffer, configure, new_event, new_stream, pinned
+from ndp.engine.gpu import activate, choose_device, select
 from ndp.engine.cpu import CpuEngine, Slot, Staged
 from ndp.wire.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE
 from ndp.kernels.crc16 import CRC16_TABLES
@@ -42,21 +43,33 @@ class CudaEngine(CpuEngine):
     #: Numba's simulator runs every kernel synchronously: nothing to order
     has_streams = not simulated()
 
-    def __init__(self, counters: Counters | None = None) -> None:
+    def __init__(self, counters: Counters | None = None, *, device: int | None = None) -> None:
         super().__init__(counters)
         from numba import cuda
 
-        self.copy_stream = new_stream()
-        self.compute_stream = new_stream()
-        self.tables = {name: cuda.to_device(table) for name, table in (
-            ("crc", CRC16_TABLES), ("width", TYP_WIDTH_TABLE), ("masked", TYP_MASKED_TABLE),
-            ("skip", TYP_SKIP_TABLE))}
-        self.no_limits = cuda.device_array(0, dtype=np.int64)
+        #: the GPU this engine works on (``ndp.engine.gpu.choose_device``)
+        self.device = choose_device(device)
+        with self.activated():  # streams, tables and events on that device
+            self.copy_stream = new_stream()
+            self.compute_stream = new_stream()
+            self.tables = {name: cuda.to_device(table) for name, table in (
+                ("crc", CRC16_TABLES), ("width", TYP_WIDTH_TABLE),
+                ("masked", TYP_MASKED_TABLE), ("skip", TYP_SKIP_TABLE))}
+            self.no_limits = cuda.device_array(0, dtype=np.int64)
+            # grids of at most 8 blocks per multiprocessor (1 block under the simulator)
+            self._max_grid = 1 if simulated() else (
+                8 * cuda.get_current_device().MULTIPROCESSOR_COUNT)
+            self._done = new_event()
         self._launchers: dict[tuple, Any] = {}
         self._external: dict[int, Any] = {}
-        # grids of at most 8 blocks per multiprocessor (1 block under the simulator)
-        self._max_grid = 1 if simulated() else 8 * cuda.get_current_device().MULTIPROCESSOR_COUNT
-        self._done = new_event()
+
+    def activated(self) -> Any:
+        """A context in which this engine's device is current (``ndp.engine.gpu.activate``)."""
+        return activate(self.device)
+
+    def enter_thread(self) -> None:
+        """Make this engine's device current for good in a thread ndp started."""
+        select(self.device)
 
     # ------------------------------------------------------------------------------- buffers
     def _host(self, n: int, dtype: Any) -> np.ndarray:
@@ -215,14 +228,17 @@ class CudaEngine(CpuEngine):
         return stream
 
     def consumer_wait(self, slot: Slot, handle: int | None) -> None:
-        """Make the consumer's stream (``handle``) wait until the slot's chunk is built."""
+        """Make the consumer's stream (``handle``) wait until the slot's chunk is built (in
+        the consumer's thread, with this engine's device current for the call only)."""
         if handle is not None:
-            slot.ready.wait(self._stream_of(handle))
+            with self.activated():
+                slot.ready.wait(self._stream_of(handle))
 
     def release(self, slot: Slot, handle: int | None) -> None:
         """The consumer is done with the slot's chunk: mark the end of its work on it."""
         if handle is not None:
-            slot.released.record(self._stream_of(handle))
+            with self.activated():
+                slot.released.record(self._stream_of(handle))
             slot.released_recorded = True
 
 

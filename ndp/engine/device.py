@@ -113,8 +113,9 @@ class DeviceArray:
         consumer = LEGACY_DEFAULT_STREAM if stream is None else int(stream)
         if consumer != NO_SYNC:
             self._consumers.streams.add(consumer)
-        # CuPy orders the consumer's stream after its *current* stream: make that ours
-        with cupy.cuda.ExternalStream(int(self._stream.handle)):
+        # CuPy orders the consumer's stream after its *current* stream: make that ours, on
+        # the array's device (the consumer's thread may have another one current)
+        with self._array.device, cupy.cuda.ExternalStream(int(self._stream.handle)):
             return self._array.__dlpack__(stream=stream, **kwargs)
 
     @property

@@ -38,8 +38,12 @@ Order, rank split, mixing and CRC-Drop are ``ndp.loader.order``'s: seeded, a new
 (documents shuffled across windows of shards of ``shuffle_window`` bytes, 1 GiB by default, or
 ``"all"``; on a GPU two windows' shards are held on the device at once), disjoint shares across
 ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``), and every
-rank delivers the same number of batches per epoch, ``len(loader)``, known before the epoch is
-read (``ndp.loader.plan``; what that leaves out or repeats is counted in ``stats``).
+rank delivers the same number of batches per epoch, ``len(loader)`` (``ndp.loader.plan``,
+counted while the epoch's first batches are delivered and kept for the node's other ranks and
+later runs, ``ndp.loader.shared_count``; what that leaves out or repeats is counted in
+``stats``). On a GPU the Loader decodes on ``device`` (default: torch's current device, else
+``LOCAL_RANK``, else 0), made current in every thread that does its CUDA work
+(``ndp.engine.gpu``).
 Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard groups
 (``mix_by="group"``), or ``mix={"TEXT_CORPUS": 1, "CODE_REPO": 1}`` by packet SRC
 (``mix_by="src"``); every source needs a weight (0 leaves it out, counted). ``mix_size``: the
@@ -92,7 +96,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import queue
 import threading
 import time
 import weakref
@@ -101,6 +104,7 @@ from typing import Any
 
 from ndp.engine.backend import resolve_backend
 from ndp.loader.chunks import ChunkDecoder
+from ndp.loader.running import ProducerThread
 from ndp.store.corpus import Corpus
 from ndp.loader.elastic import from_record, from_states
 from ndp.engine.cpu import CpuEngine
@@ -109,7 +113,7 @@ from ndp.errors import LoaderUsageError
 from ndp.loader.options import MODES, check_cache_limit, check_options  # noqa: F401 - MODES
 from ndp.loader.order import ORDER, WINDOW_BYTES, check_window, drop_mask, rank_and_world
 from ndp.loader.plan import Plan
-from ndp.loader.producer import EPOCH_END, Failure, Producer
+from ndp.loader.producer import EPOCH_END, Producer
 from ndp.progress import progress_bar
 from ndp.loader.serve import Ring
 from ndp.loader.state import check_state, seal
@@ -174,6 +178,7 @@ class Loader:
         storage_options: dict | None = None,
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | None = None,
+        device: int | None = None,
     ) -> None:
         check_options(mode=mode, batch_size=batch_size, seq_len=seq_len, prefetch=prefetch,
                       seed=seed, pad_token_id=pad_token_id, chunk_batches=chunk_batches,
@@ -203,15 +208,19 @@ class Loader:
             from ndp.engine.cuda import CudaEngine
             from ndp.loader.device_shards import DeviceShards
 
-            self.engine: CpuEngine = CudaEngine()
-            stager = DeviceShards(self.engine, self.corpus, budget=device_budget,
-                                  resident=resident, shuffle=shuffle,
-                                  window=check_window(shuffle_window))
+            self.engine: CpuEngine = CudaEngine(device=device)
+            with self.engine.activated():
+                stager = DeviceShards(self.engine, self.corpus, budget=device_budget,
+                                      resident=resident, shuffle=shuffle,
+                                      window=check_window(shuffle_window))
         else:
             from ndp.loader.stage import HostStager
 
             self.engine = CpuEngine()
             stager = HostStager(self.corpus, resident=resident)
+        #: the GPU it decodes on (``None``: the CPU backend): ``device``, else torch's
+        #: current one, else ``LOCAL_RANK``, else 0 (``ndp.engine.gpu.choose_device``)
+        self.device = self.engine.device
         #: what the decoder did: chunks, batches, launches, copies, host waits, DLPack exports
         self.counters = self.engine.counters
         # slots: the queue's max(1, prefetch) chunks, the producer's one, the consumer's two
@@ -225,9 +234,7 @@ class Loader:
             corrupt_bytes=sum(c.length for _, c in self.corpus.corruption),
         )
         self._cut = CutReport(self.plan, self.stats)  # padded rows cut: counted, warned
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._queue: queue.Queue | None = None
+        self._running = ProducerThread(self._producer, self._ring, self.plan, prefetch)
         self._lock = threading.Lock()
         self._active: object | None = None  # the loop iterating, one at a time
 
@@ -315,7 +322,7 @@ class Loader:
                     "another); iterate it from one loop at a time, or give each consumer its "
                     "own Loader")
             self._active = token
-            if self._thread is None:
+            if not self._running.running:
                 self._start_producer()
         # the bar's total once the epoch is counted (``ndp.loader.count``): not waited for
         sized = self.progress and self.plan.counted(self.epoch)
@@ -356,18 +363,7 @@ class Loader:
                     self._stop_producer()
 
     def _get(self) -> Any:
-        while True:
-            try:
-                item = self._queue.get(timeout=0.1)
-            except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
-                    self._thread = None
-                    raise RuntimeError("ndp loader: the producer thread ended without a result")
-                continue
-            if isinstance(item, Failure):
-                self._stop_producer()
-                raise item.exc
-            return item
+        return self._running.get()
 
     def close(self) -> None:
         """Stop the producer thread and close the shard files (idempotent); a loop still
@@ -390,33 +386,8 @@ class Loader:
             pass
 
     def _start_producer(self) -> None:
-        self._stop_producer()
-        self._stop.clear()
-        self._ring.reset()  # chunks left in the queue or unfinished are the producer's again
-        # a chunk ahead per ``prefetch``, and room for an epoch's end besides: it holds no
-        # slot, and waiting to put it kept the next epoch's first chunk from being decoded
-        # until the consumer took the last one (a stall at every boundary after a short chunk)
-        self._queue = queue.Queue(maxsize=max(1, self.prefetch) + 1)
-        start = dict(self._state)
-        self._thread = threading.Thread(target=self._producer.run,
-                                        args=(start, self._queue, self._stop),
-                                        name="ndp-loader", daemon=True)
+        self._running.start(self._state)
         _LIVE.add(self)
-        self._thread.start()
 
     def _stop_producer(self) -> None:
-        thread = self._thread
-        if thread is None:
-            return
-        self._stop.set()
-        self.plan.stop_ahead()  # first: the producer may be waiting for that plan
-        while thread.is_alive():
-            try:  # unblock a producer waiting on a full queue
-                while True:
-                    self._queue.get_nowait()
-            except queue.Empty:
-                pass
-            thread.join(timeout=0.05)
-        self.plan.stop_ahead()  # and one it started since
-        self._producer.warmer.join()  # a window's entries being read ahead
-        self._thread = None
+        self._running.stop()

@@ -58,6 +58,7 @@ class Producer:
         # comes after one batch's decode, not a whole chunk's
         self._size = 1
         try:
+            self.chunks.engine.enter_thread()  # the Loader's GPU, not the thread's default
             while not stop.is_set():
                 tail = self._epoch(state, put, stop)
                 if tail is None:

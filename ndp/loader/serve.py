@@ -179,8 +179,9 @@ class Ring:
         lease = Lease()
         self._leases[slot.index] = weakref.ref(lease)
         if self.engine.backend == "cuda":
-            arrays = {name: buf.leased(self.engine.compute_stream, held(buf.export, lease))
-                      for name, buf in slot.outputs.items()}
+            with self.engine.activated():  # the Loader's device, in the consumer's thread
+                arrays = {name: buf.leased(self.engine.compute_stream, held(buf.export, lease))
+                          for name, buf in slot.outputs.items()}
         else:
             arrays = {name: held(buf, lease) for name, buf in slot.outputs.items()}
         if self.output == "torch":

@@ -1,0 +1,77 @@
+"""The producer thread of a ``Loader``: started from a state, its items taken, stopped
+(``ProducerThread``).
+
+One thread (``ndp-loader``) runs ``ndp.loader.producer.Producer.run`` into a bounded queue: a
+chunk ahead per ``prefetch``, and room for an epoch's end besides (it holds no ring slot, and
+waiting to put it kept the next epoch's first chunk from being decoded until the consumer took
+the last one: a stall at every boundary after a short chunk). An exception in the producer
+comes out of ``get`` with its traceback chained; ``stop`` ends the thread, the plan's thread
+and a window's entries being read ahead, whatever they are waiting on.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from ndp.loader.producer import Failure
+
+
+class ProducerThread:
+    """The running producer of a Loader (module docstring)."""
+
+    def __init__(self, producer: Any, ring: Any, plan: Any, prefetch: int) -> None:
+        self.producer, self.ring, self.plan, self.prefetch = producer, ring, plan, prefetch
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._queue: queue.Queue | None = None
+
+    @property
+    def running(self) -> bool:
+        """A producer thread was started and not stopped."""
+        return self._thread is not None
+
+    def start(self, state: dict) -> None:
+        """Stop any producer, then run one from ``state`` (epoch, position, batch)."""
+        self.stop()
+        self._stop.clear()
+        self.ring.reset()  # chunks left in the queue or unfinished are the producer's again
+        self._queue = queue.Queue(maxsize=max(1, self.prefetch) + 1)
+        self._thread = threading.Thread(target=self.producer.run,
+                                        args=(dict(state), self._queue, self._stop),
+                                        name="ndp-loader", daemon=True)
+        self._thread.start()
+
+    def get(self) -> Any:
+        """The producer's next item; its exception raised here (the producer stopped first)."""
+        while True:
+            try:
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    self._thread = None
+                    raise RuntimeError("ndp loader: the producer thread ended without a result")
+                continue
+            if isinstance(item, Failure):
+                self.stop()
+                raise item.exc
+            return item
+
+    def stop(self) -> None:
+        """End the producer thread (and the plan's and the warmer's): idempotent."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop.set()
+        self.plan.stop_ahead()  # first: the producer may be waiting for that plan
+        while thread.is_alive():
+            try:  # unblock a producer waiting on a full queue
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            thread.join(timeout=0.05)
+        self.plan.stop_ahead()  # and one it started since
+        self.producer.warmer.join()  # a window's entry table being built ahead
+        self._thread = None
