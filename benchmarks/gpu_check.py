@@ -6,9 +6,10 @@
 
 Steps, each in its own process with its own time limit, all of them whatever an earlier one did:
 
-1. ``preflight``: a CUDA device Numba can use, CuPy, torch with CUDA, a NumPy that the installed
-   numba-cuda works with, and ``compute-sanitizer``; anything missing fails here, with what to
-   install, instead of a later step skipping silently;
+1. ``preflight``: a CUDA device Numba can use, CuPy, torch with CUDA and a NumPy that the
+   installed numba-cuda works with; anything missing fails here, with what to install, instead
+   of a later step skipping silently (a missing ``compute-sanitizer``, found in CUDA's toolkit
+   but not in CUDA's pip wheels, fails the memcheck step alone: the rest still runs);
 2. ``gpu-tests``: the ``gpu``-marked tests (``tests/engine/test_gpu_device.py``) but the memcheck run;
 3. ``device-equality``: the CUDA-against-CPU tests (kernels, decoder, Loader chunks, accounting,
    held batches through CuPy's array interface), which run on the device when there is one;
@@ -19,7 +20,10 @@ Steps, each in its own process with its own time limit, all of them whatever an 
 6. ``bench-gpu``: ``benchmarks/bench_gpu.py --quick`` (the per-call decoder API);
 7. ``bench-loaders``: the GPU rows of ``benchmarks/bench_loaders.py`` beside the CPU ones
    (``--quick``: a small corpus, so it fits);
-8. ``train-ab``: ``benchmarks/train_ab.py`` with the model on the GPU.
+8. ``train-ab``: ``benchmarks/train_ab.py`` with the model on the GPU;
+9. ``two-ranks``: on a machine with 2 GPUs or more, ``benchmarks/gpu_ranks.py`` under torchrun
+   with 2 processes, each rank's Loader on its own device (``ndp.engine.gpu``); with one GPU it is
+   shown as not run, and not counted as failed.
 
 Every results file lands in ``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``;
 each benchmark step is given the same ``--out``), with the log of every step that failed; the
@@ -82,9 +86,22 @@ def preflight() -> list[str]:
     if tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 5):
         problems.append(f"numpy {numpy.__version__}: numba-cuda 0.30 needs numpy < 2.5 "
                         f"(pip install 'numpy<2.5')")
-    if sanitizer() is None:
-        problems.append("compute-sanitizer was not found (CUDA toolkit's bin/, or CUDA_HOME)")
     return problems
+
+
+#: why the memcheck step cannot run, when ``compute-sanitizer`` is missing
+NO_SANITIZER = ("not run: compute-sanitizer was not found (CUDA toolkit's bin/, or CUDA_HOME; "
+                "CUDA from pip wheels has none)")
+
+
+def gpus() -> int:
+    """CUDA devices this process sees (0 where Numba cannot tell)."""
+    try:
+        from numba import cuda
+
+        return len(cuda.gpus)
+    except Exception:  # noqa: BLE001 - no driver: the preflight says so
+        return 0
 
 
 def steps(sanitizer_path: str, out: Path) -> list[tuple[str, list[str], int]]:
@@ -105,6 +122,8 @@ def steps(sanitizer_path: str, out: Path) -> list[tuple[str, list[str], int]]:
                            "--pipelines", "ndp-gpu-padded", "ndp-gpu-packed", "ndp-cpu-padded",
                            "ndp-cpu-packed", "memmap-get-batch", "threaded-numpy", *to_out], 150),
         ("train-ab", [PY, "benchmarks/train_ab.py", "--steps", "150", *to_out], 120),
+        ("two-ranks", [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                       "2", "benchmarks/gpu_ranks.py"], 120),
     ]
 
 
@@ -122,6 +141,9 @@ def verdict(name: str, rc: int, out: str) -> tuple[bool, str]:
         checked = next((line for line in tail if "equal to the CPU" in line), "")
         return rc == 0 and clean and bool(checked), (
             f"{'0 memory errors' if clean else 'memory errors or no summary'}; {checked}")
+    if name == "two-ranks":
+        ranks = [line for line in tail if line.startswith("rank ") and " ok" in line]
+        return rc == 0 and len(ranks) == 2, "; ".join(ranks) or last
     wrote = [line for line in tail if line.startswith("wrote")]
     return rc == 0, wrote[-1] if wrote else last
 
@@ -144,17 +166,26 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    summary: list[tuple[str, bool, float, str]] = []
+    summary: list[tuple[str, bool | None, float, str]] = []
     problems = preflight()
     summary.append(("preflight", not problems, time.time() - start,
-                    "; ".join(problems) or "GPU, CuPy, torch, numpy, compute-sanitizer"))
+                    "; ".join(problems) or "GPU, CuPy, torch, numpy"))
     if problems:
         _report(summary, [], results, start)
         return 1
     results.mkdir(parents=True, exist_ok=True)
     before = set(results.iterdir())
-    for name, cmd, limit in steps(sanitizer(), results):
+    found, devices = sanitizer(), gpus()
+    for name, cmd, limit in steps(found or "compute-sanitizer", results):
         t = time.time()
+        if name == "memcheck" and found is None:
+            summary.append((name, False, 0.0, NO_SANITIZER))
+            print(f"FAIL  {name:18s} {NO_SANITIZER}", flush=True)
+            continue
+        if name == "two-ranks" and devices < 2:
+            summary.append((name, None, 0.0, f"not run: {devices} GPU (it needs 2)"))
+            print(f"SKIP  {name:18s} not run: {devices} GPU (it needs 2)", flush=True)
+            continue
         limit = int(min(limit, args.budget - (t - start)))
         if limit < 10:
             summary.append((name, False, 0.0, "not run: the time budget was spent"))
@@ -182,17 +213,19 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     new = sorted(p.name for p in set(results.iterdir()) - before)
     _report(summary, new, results, start)
-    return 0 if all(ok for _, ok, _, _ in summary) else 1
+    return 0 if all(ok is not False for _, ok, _, _ in summary) else 1
 
 
-def _report(summary: list[tuple[str, bool, float, str]], new: list[str], results: Path,
+def _report(summary: list[tuple[str, bool | None, float, str]], new: list[str], results: Path,
             start: float) -> None:
+    """The summary; a step not run for want of hardware (``ok`` None) is shown, not failed."""
     print("\n=== ndp GPU check ===")
     for name, ok, seconds, line in summary:
-        print(f"{'PASS' if ok else 'FAIL'}  {name:18s} {seconds:6.1f} s  {line[:150]}")
+        word = "SKIP" if ok is None else "PASS" if ok else "FAIL"
+        print(f"{word}  {name:18s} {seconds:6.1f} s  {line[:150]}")
     print(f"results files in {results} ({len(new)}): " + (", ".join(new) or "none"))
     print(f"total {time.time() - start:.0f} s; "
-          f"{'all passed' if all(ok for _, ok, _, _ in summary) else 'FAILED'}")
+          f"{'all passed' if all(ok is not False for _, ok, _, _ in summary) else 'FAILED'}")
 
 
 if __name__ == "__main__":

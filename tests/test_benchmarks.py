@@ -163,7 +163,7 @@ def test_gpu_check_lists_its_steps_and_fails_loudly_without_a_gpu(tmp_path):
     assert listed.returncode == 0
     names = [line.split()[0] for line in listed.stdout.splitlines()]
     assert names == ["gpu-tests", "device-equality", "memcheck", "bench-gpu-loader", "bench-gpu",
-                     "bench-loaders", "train-ab"]
+                     "bench-loaders", "train-ab", "two-ranks"]
     # under the simulator (as on a machine without a GPU) the preflight fails, saying why, and
     # nothing else runs
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
@@ -198,6 +198,32 @@ def test_gpu_check_counts_a_skip_or_a_dirty_memcheck_as_a_failure():
     assert not check.verdict("memcheck", 9, clean.replace("0 errors", "3 errors"))[0]
     assert check.verdict("train-ab", 0, "x\nwrote benchmarks/results/train-ab-1.json") == (
         True, "wrote benchmarks/results/train-ab-1.json")
+    two = "rank 0 ok: device 0, 20 batches\nrank 1 ok: device 1, 20 batches"
+    assert check.verdict("two-ranks", 0, two)[0]
+    assert not check.verdict("two-ranks", 0, two.splitlines()[0])[0]  # one rank said nothing
+
+
+def test_gpu_check_without_compute_sanitizer_fails_memcheck_alone(monkeypatch, tmp_path,
+                                                                    capsys):
+    """A GPU machine whose CUDA came from pip wheels has no compute-sanitizer: the memcheck
+    step fails, saying why, and every other step still runs; a single GPU shows the two-rank
+    step as not run, not failed."""
+    check = _gpu_check()
+    ran = []
+    monkeypatch.setattr(check, "preflight", lambda: [])
+    monkeypatch.setattr(check, "sanitizer", lambda: None)
+    monkeypatch.setattr(check, "gpus", lambda: 1)
+
+    def fake_run(cmd, **kw):
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "1 passed in 1s\nwrote x.json", "")
+
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    assert check.main(["--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  memcheck" in out and "compute-sanitizer was not found" in out
+    assert "SKIP  two-ranks" in out and "PASS  gpu-tests" in out and "PASS  train-ab" in out
+    assert len(ran) == 6  # every step but memcheck and two-ranks
 
 
 @pytest.mark.slow

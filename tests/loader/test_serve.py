@@ -32,7 +32,7 @@ def corpus(tmp_path_factory):
 def host(a) -> np.ndarray:
     if isinstance(a, np.ndarray):
         return a
-    return a.copy_to_host() if hasattr(a, "copy_to_host") else a.numpy()
+    return a.copy_to_host() if hasattr(a, "copy_to_host") else a.cpu().numpy()  # cuda tensors
 
 
 def make(corpus, backend, output, mode, **kw) -> Loader:
