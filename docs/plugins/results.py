@@ -35,6 +35,8 @@ FEATURED = {
     "loader": ["cpu-decode-loader-20261124-193759.json"],
     # shards read per packet, then every shard read into memory first (resident=True)
     "breakdown": ["cpu-breakdown-20261124-193047.json", "cpu-breakdown-20261124-200826.json"],
+    # the default corpus (2 KB documents) first; the run of 40-byte documents after it
+    "shuffle": ["shuffle-20261126-124612.json", "shuffle-20261126-124754.json"],
 }
 
 
