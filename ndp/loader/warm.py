@@ -75,8 +75,9 @@ class Warmer:
             finally:
                 tables.unclaim(k)
 
-        self._thread = threading.Thread(target=build, name="ndp-warm", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=build, name="ndp-warm", daemon=True)
+        thread.start()  # then published: a thread that joins it finds it started
+        self._thread = thread
         self.windows += 1
 
     def join(self) -> None:
