@@ -14,8 +14,11 @@ restarted run, a second job with the same settings). If the rank counting dies, 
 with it and the next rank to look takes over.
 
 The files live in ``NDP_COUNT_CACHE`` (a directory; ``off`` turns this off), by default
-``counts/`` in ndp's cache directory (``ndp.store.cache.default_cache_dir``: local to the node,
-not beside a dataset that may be read-only or on a filesystem whose locks cannot be trusted).
+``counts/`` in ndp's cache directory (``ndp.store.cache.default_cache_dir``; not beside a
+dataset that may be read-only). The lock and the bound are named after the node (its host
+name), so a folder several nodes share (a home directory on NFS, whose locks and new files
+other nodes may see late) never makes a rank wait on another node: only the finished count
+is shared between nodes.
 A count is keyed by what it depends on, the dataset's fingerprint (its shards' names, sizes,
 crc32s and packet counts), the order's name and every setting that changes it, and is checked
 when read: its own key and a crc32 of its contents; a file that fails is counted again and
@@ -28,6 +31,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import socket
 import time
 import zlib
 from pathlib import Path
@@ -69,8 +74,13 @@ class SharedCount:
         self.key = hashlib.sha256(text.encode()).hexdigest()[:24]
         self.dir = directory
         self.path = directory / f"{self.key}.json"
-        self._bound_path = directory / f"{self.key}.bound"
-        self._lock = FileLock(str(directory / f"{self.key}.lock"))
+        # the lock and the bound are the node's own: where the folder is shared by several
+        # nodes (a home on NFS), a rank never waits on another node's rank, whose files its
+        # filesystem may show late; the finished count is anyone's
+        node = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "node"
+        self._bound_path = directory / f"{self.key}.{node}.bound"
+        self.lock_path = directory / f"{self.key}.{node}.lock"
+        self._lock = FileLock(str(self.lock_path))
         self._last_write = 0.0
         self._written = -1
 

@@ -89,10 +89,10 @@ def test_a_rank_delivers_below_the_bound_another_rank_writes(data, mode, monkeyp
     made = passes(monkeypatch)
     loader = Loader(data, mode=mode, rank=1, **KW)
     shared = SharedCount.open({**loader.plan.count_fields(0), "count_version": 1})
-    other = FileLock(str(shared.dir / f"{shared.key}.lock"))
+    other = FileLock(str(shared.lock_path))
     other.acquire()
     after = SharedCount.open({**loader.plan.count_fields(1), "count_version": 1})
-    ahead = FileLock(str(after.dir / f"{after.key}.lock"))  # epoch 1's too: no pass at all
+    ahead = FileLock(str(after.lock_path))  # epoch 1's too: no pass at all
     ahead.acquire()
     try:
         shared.publish(4)
@@ -113,7 +113,7 @@ def test_a_rank_takes_over_a_count_left_unfinished(data, monkeypatch):
     made = passes(monkeypatch)
     loader = Loader(data, mode="packed", rank=0, **KW)
     shared = SharedCount.open({**loader.plan.count_fields(0), "count_version": 1})
-    other = FileLock(str(shared.dir / f"{shared.key}.lock"), thread_local=False)
+    other = FileLock(str(shared.lock_path), thread_local=False)
     other.acquire()
     threading.Timer(0.3, other.release).start()  # the rank counting is gone, nothing written
     n = len(loader)  # waits, then counts here
@@ -139,6 +139,33 @@ def test_a_count_file_that_is_not_its_keys_is_counted_again(data, monkeypatch):
         assert shared.found() == {"batches": n, "cuts": None}  # written over
         again.close()
     first.close()
+
+
+def test_another_nodes_lock_is_not_waited_for_but_its_count_is_taken(data, monkeypatch):
+    """A count folder shared by nodes: a rank counts on its own while another node's rank
+    holds that node's lock, and takes a count any node finished."""
+    import socket
+
+    here = socket.gethostname()
+    made = passes(monkeypatch)
+    loader = Loader(data, mode="packed", rank=0, **KW)
+    fields = {**loader.plan.count_fields(0), "count_version": 1}
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
+    elsewhere = SharedCount.open(fields)  # node-b's rank, counting
+    monkeypatch.setattr(socket, "gethostname", lambda: here)
+    shared = SharedCount.open(fields)
+    assert elsewhere.path == shared.path and elsewhere.lock_path != shared.lock_path
+    other_node = FileLock(str(elsewhere.lock_path))
+    other_node.acquire()
+    try:
+        n = len(loader)  # counted here: not waiting on node-b
+    finally:
+        other_node.release()
+    assert made == [1] and elsewhere.found() == {"batches": n, "cuts": None}
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
+    again = Loader(data, mode="packed", rank=1, **KW)
+    assert again.plan.share(0).count.final and made == [1]  # the finished count is shared
+    loader.close()
 
 
 def test_the_count_is_keyed_by_what_it_depends_on(data, monkeypatch):
