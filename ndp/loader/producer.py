@@ -38,7 +38,7 @@ class Producer:
     def __init__(self, plan: Plan, chunks: ChunkDecoder, ring: Ring) -> None:
         self.plan, self.chunks, self.ring = plan, chunks, ring
         self._size = 1  # batches in the next chunk
-        #: reads the next window's index entries ahead (``ndp.loader.warm``)
+        #: builds the next window's entry table ahead (``ndp.loader.warm``)
         self.warmer = Warmer()
 
     def run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
