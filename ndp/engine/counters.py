@@ -24,6 +24,7 @@ class Counters:
     host_waits: int = 0  # the host blocked until device work finished
     dlpack_exports: int = 0  # arrays handed to a DLPack consumer
     shard_copies: int = 0  # whole shards (or ranges of them) copied to the device
+    events_created: int = 0  # CUDA events made (a steady loop reuses its own: none per chunk)
     #: chunks whose batches the consumer still referenced when their ring slot came round
     #: again: their buffers were left to it and new ones allocated (``ndp.loader.serve``)
     held_chunks: int = 0

@@ -107,7 +107,8 @@ class CpuEngine:
     def outputs(self, slot: Slot, mode: str, rows: int, cols: int, extra: int = 0) -> dict:
         """The slot's output buffers for ``rows`` x ``cols`` of ``mode`` (and ``extra`` items of
         the 1-D ``cu_seqlens``); a buffer is reallocated only when it is too small or of
-        another shape."""
+        another shape. Claims them for writing first (``claim``)."""
+        self.claim(slot)
         key = (mode, cols)
         fresh = slot.out_key != key
         more_rows = fresh or slot.out_caps[0] < rows
@@ -185,7 +186,11 @@ class CpuEngine:
 
     # ------------------------------------------------------------------------ slot ordering
     def acquire(self, slot: Slot) -> None:
-        """Before a slot is written again (its previous chunk is released)."""
+        """Before a slot is used for a new chunk."""
+
+    def claim(self, slot: Slot) -> None:
+        """Before the slot's outputs are written again (``outputs``): the consumer's work on
+        its previous chunk comes first (nothing on the host: that work is done)."""
 
     def finish(self, slot: Slot) -> None:
         """After a chunk's kernels were queued into ``slot``."""

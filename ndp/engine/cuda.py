@@ -9,9 +9,12 @@ Every launch, copy and wait goes through a method here that counts it (``ndp.eng
 
 Ordering of a slot's reuse (no host synchronisation): ``finish`` records ``slot.ready`` after the
 chunk's kernels; the consumer makes its stream wait on it before it reads the chunk, and records
-``slot.released`` on its stream when it is done with it (``ndp.loader.serve``); ``acquire`` makes
-the compute stream wait on ``slot.released`` before anything writes the slot again. Buffers handed
-out as ``DeviceArray``s are fenced as ``ndp.engine.device`` describes.
+``slot.released`` on its stream when it is done with it (``ndp.loader.serve``); ``claim`` makes
+the compute stream wait on ``slot.released`` just before the build writes the slot's outputs
+again, not before the chunk's verdicts (the plan, verdicts and pinned scratch are ndp's own), so
+the one host wait of a chunk never waits for the consumer's work. Buffers handed out as
+``DeviceArray``s are fenced there too, as ``ndp.engine.device`` describes. A slot's two events
+are made once and reused for every chunk.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 
 from ndp.engine.backend import simulated
 from ndp.engine.counters import Counters
-from ndp.engine.device import LEGACY_DEFAULT_STREAM, Buffer, configure, new_event, new_stream, pinned
+from ndp.engine.device import Buffer, configure, external, new_event, new_stream, pinned
 from ndp.engine.gpu import activate, choose_device, select
 from ndp.engine.cpu import CpuEngine, Slot, Staged
 from ndp.wire.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE
@@ -52,20 +55,26 @@ class CudaEngine(CpuEngine):
         with self.activated():  # streams, tables and events on that device
             self.copy_stream = new_stream()
             self.compute_stream = new_stream()
-            self.tables = {name: cuda.to_device(table) for name, table in (
-                ("crc", CRC16_TABLES), ("width", TYP_WIDTH_TABLE),
-                ("masked", TYP_MASKED_TABLE), ("skip", TYP_SKIP_TABLE))}
+            # on the compute stream, so every kernel is ordered after them (a copy on the
+            # legacy stream is not: ndp's streams do not wait for it)
+            self.tables = {name: cuda.to_device(table, stream=self.compute_stream)
+                           for name, table in (
+                               ("crc", CRC16_TABLES), ("width", TYP_WIDTH_TABLE),
+                               ("masked", TYP_MASKED_TABLE), ("skip", TYP_SKIP_TABLE))}
             self.no_limits = cuda.device_array(0, dtype=np.int64)
             # grids of at most 8 blocks per multiprocessor (1 block under the simulator)
             self._max_grid = 1 if simulated() else (
                 8 * cuda.get_current_device().MULTIPROCESSOR_COUNT)
-            self._done = new_event()
+            self._done = self.new_event()
         self._launchers: dict[tuple, Any] = {}
-        self._external: dict[int, Any] = {}
 
     def activated(self) -> Any:
         """A context in which this engine's device is current (``ndp.engine.gpu.activate``)."""
         return activate(self.device)
+
+    def new_event(self) -> Any:
+        """An event on this engine's device, counted (``Counters.events_created``)."""
+        return new_event(self.counters)
 
     def enter_thread(self) -> None:
         """Make this engine's device current for good in a thread ndp started."""
@@ -194,9 +203,13 @@ class CudaEngine(CpuEngine):
 
     # ------------------------------------------------------------------------ slot ordering
     def acquire(self, slot: Slot) -> None:
-        if slot.ready is None:
-            slot.ready, slot.released = new_event(), new_event()
-        if slot.released_recorded:  # the consumer's work on the slot's last chunk comes first
+        if slot.ready is None:  # made once per slot, reused for every chunk
+            slot.ready, slot.released = self.new_event(), self.new_event()
+
+    def claim(self, slot: Slot) -> None:
+        """Before the build writes the slot's outputs: the consumer's work on the slot's last
+        chunk comes first (on the compute stream; the host does not wait)."""
+        if slot.released_recorded:
             slot.released.wait(self.compute_stream)
             slot.released_recorded = False
         for buffer in slot.outputs.values():  # DeviceArray consumers (output="arrays")
@@ -217,15 +230,8 @@ class CudaEngine(CpuEngine):
     # ------------------------------------------------------------------- the consumer's side
     def _stream_of(self, handle: int) -> Any:
         """Numba's handle on the consumer's stream (0, torch's default stream, is the legacy
-        default stream), with ndp's context current in the calling thread."""
-        from numba import cuda
-
-        cuda.current_context()  # the consumer's thread may not have used Numba before
-        handle = handle or LEGACY_DEFAULT_STREAM
-        stream = self._external.get(handle)
-        if stream is None:
-            stream = self._external[handle] = cuda.external_stream(handle)
-        return stream
+        default stream); call with this engine's device current."""
+        return external(handle or 1)
 
     def consumer_wait(self, slot: Slot, handle: int | None) -> None:
         """Make the consumer's stream (``handle``) wait until the slot's chunk is built (in

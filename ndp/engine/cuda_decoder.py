@@ -91,9 +91,13 @@ class CudaDecoder:
                 f"the device, over device_budget={self.device_budget}; pass a larger "
                 f"device_budget or decode from host memory (pass the array itself as source)"
             )
-        buffer = Buffer(max(need, 1), np.uint8, counters=self.counters)
+        with self.engine.activated():
+            buffer = Buffer(max(need, 1), np.uint8, counters=self.counters)
+            if need:  # on the compute stream, so the first decode is ordered after it (the
+                # legacy stream's copy from pageable memory may still be landing when a
+                # non-blocking stream's kernel starts)
+                buffer.kernel[:need].copy_to_device(data, stream=self.engine.compute_stream)
         if need:
-            buffer.kernel[:need].copy_to_device(data)
             self.counters.h2d_copies += 1
             self.counters.h2d_bytes += need
             self.counters.shard_copies += 1
@@ -127,10 +131,11 @@ class CudaDecoder:
         stats = _stats(verdicts)
         stats.tokens = int(np.minimum(lengths, seq_len).sum())
         stats.truncated_tokens = int(lengths.sum()) - stats.tokens
-        stream, n = engine.compute_stream, rows.shape[0]
+        stream, n, ready = engine.compute_stream, rows.shape[0], slot.ready
         return PaddedBatch(
-            input_ids=outs["input_ids"].view(stream, n), labels=outs["labels"].view(stream, n),
-            attention_mask=outs["attention_mask"].view(stream, n), lengths=lengths,
+            input_ids=outs["input_ids"].view(stream, n, ready=ready),
+            labels=outs["labels"].view(stream, n, ready=ready),
+            attention_mask=outs["attention_mask"].view(stream, n, ready=ready), lengths=lengths,
             status=status_of(verdicts), rows=rows, stats=stats)
 
     def decode_packed(self, source: Any, offsets: Any, *, batch_size: int | None, seq_len: int,
@@ -158,9 +163,10 @@ class CudaDecoder:
         engine.finish(slot)
         stats = _stats(verdicts)
         stats.tokens = batch_size * seq_len
-        stream = engine.compute_stream
+        stream, ready = engine.compute_stream, slot.ready
         return PackedBatch(
-            x=outs["x"].view(stream, batch_size), y=outs["y"].view(stream, batch_size),
+            x=outs["x"].view(stream, batch_size, ready=ready),
+            y=outs["y"].view(stream, batch_size, ready=ready),
             start=start, next_start=start + batch_size * seq_len, stream_tokens=total,
             status=status_of(verdicts), stats=stats)
 

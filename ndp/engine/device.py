@@ -5,12 +5,24 @@ kernels are launched on Numba streams. What leaves ndp is a ``DeviceArray``: a z
 that any DLPack consumer takes (``torch.from_dlpack``, ``cupy.from_dlpack``, ``jax.dlpack``) and
 that orders the consumer after the kernels that wrote it:
 
-* ``__dlpack__(stream=S)`` makes the consumer's stream ``S`` wait for ndp's stream (through
-  CuPy, which implements the DLPack stream rules), so no host synchronisation is needed;
+* ``__dlpack__(stream=S)`` makes the consumer's stream ``S`` wait on the event recorded after
+  the kernels that wrote the array (its ``ready`` event; without one, on everything queued on
+  ndp's stream so far, through CuPy, which implements the DLPack stream rules). No host
+  synchronisation, and the consumer does not wait for chunks ndp queued after this one. An
+  array the Loader's ring orders itself (torch output: ``ndp.loader.serve``) is handed over
+  with no stream work at all;
 * the consumer's stream is remembered, and before ndp writes the same buffer again it makes its
-  own stream wait for everything the consumer had queued on ``S`` up to that moment. A buffer is
-  therefore never overwritten while queued consumer work still reads it, as long as that work was
-  queued before the call that reuses the buffer (see ``ndp.engine.cuda_decoder`` for when that is).
+  own stream wait for everything the consumer had queued on ``S`` up to that moment (one event,
+  made once per buffer and reused). A buffer is therefore never overwritten while queued
+  consumer work still reads it, as long as that work was queued before the call that reuses the
+  buffer (see ``ndp.engine.cuda_decoder`` for when that is), and as long as ``S`` still exists
+  then: a consumer that destroys its stream while ndp's arrays are in use must synchronise it
+  first (torch's streams are pooled and never destroyed);
+* a consumer that takes the array through ``__cuda_array_interface__`` instead is ordered after
+  the kernels on import (the interface names ndp's stream, CAI v3), but its own stream is not
+  known to ndp: ndp fences the legacy default stream (CuPy's and Numba's default) before reuse,
+  and work on any other stream must be finished, or the data copied, before the buffer comes
+  round again.
 
 Under Numba's CUDA simulator the "device" is host memory: ``DeviceArray`` then wraps a NumPy
 array and DLPack hands out CPU tensors; streams and events do nothing.
@@ -40,20 +52,23 @@ def _cuda():
 class Consumers:
     """The streams that imported a buffer through DLPack since ndp last wrote it."""
 
-    __slots__ = ("streams",)
+    __slots__ = ("streams", "_event", "counters")
 
-    def __init__(self) -> None:
+    def __init__(self, counters: Any = None) -> None:
         self.streams: set[int] = set()
+        self._event: Any = None  # made on the first fence, reused for every later one
+        self.counters = counters
 
     def fence(self, stream: Any) -> None:
         """Make ``stream`` (ndp's) wait for the work queued so far on every consumer stream,
-        then forget them: call before writing the buffer again."""
+        then forget them: call before writing the buffer again. One event serves every
+        fence: a stream's wait takes the event as it was recorded when the wait is queued."""
         if self.streams and not simulated():
-            cuda = _cuda()
+            if self._event is None:
+                self._event = new_event(self.counters)
             for ptr in self.streams:
-                event = cuda.event(timing=False)
-                event.record(cuda.external_stream(ptr))
-                event.wait(stream)
+                self._event.record(external(ptr))
+                self._event.wait(stream)
         self.streams.clear()
 
 
@@ -64,14 +79,18 @@ class DeviceArray:
     producing stream and returns a NumPy copy (for tests and inspection, not the hot path).
     """
 
-    __slots__ = ("_array", "_stream", "_consumers", "_counters")
+    __slots__ = ("_array", "_stream", "_consumers", "_counters", "_ready", "_ordered")
 
     def __init__(self, array: Any, stream: Any, consumers: Consumers,
-                 counters: Any = None) -> None:
+                 counters: Any = None, *, ready: Any = None, ordered: bool = False) -> None:
         self._array = array  # cupy.ndarray on a device, numpy.ndarray under the simulator
         self._stream = stream  # the Numba stream that writes it
         self._consumers = consumers
         self._counters = counters  # ndp.engine.counters.Counters of the decoder that made it
+        #: the event recorded after the kernels that wrote it (None: order after the stream)
+        self._ready = ready
+        #: the consumer's stream is ordered by the caller (the ring, ``ndp.loader.serve``)
+        self._ordered = ordered
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -104,19 +123,35 @@ class DeviceArray:
             kwargs["dl_device"] = dl_device
         if copy is not None:
             kwargs["copy"] = copy
-        if self._counters is not None:
-            self._counters.dlpack_exports += 1
         if simulated():
-            return self._array.__dlpack__(**kwargs)
-        import cupy
+            capsule = self._array.__dlpack__(**kwargs)
+        else:
+            capsule = self._export(stream, kwargs)
+        if self._counters is not None:  # counted once it worked (a consumer may retry)
+            self._counters.dlpack_exports += 1
+        return capsule
 
+    def _export(self, stream: int | None, kwargs: dict) -> Any:
+        """The capsule, with the consumer's stream ordered (see the module docstring)."""
         consumer = LEGACY_DEFAULT_STREAM if stream is None else int(stream)
-        if consumer != NO_SYNC:
-            self._consumers.streams.add(consumer)
-        # CuPy orders the consumer's stream after its *current* stream: make that ours, on
-        # the array's device (the consumer's thread may have another one current)
-        with self._array.device, cupy.cuda.ExternalStream(int(self._stream.handle)):
-            return self._array.__dlpack__(stream=stream, **kwargs)
+        if self._ordered or consumer == NO_SYNC:
+            with self._array.device:
+                return self._array.__dlpack__(stream=NO_SYNC, **kwargs)
+        if self._ready is not None:  # after this array's own kernels, not all queued since
+            from ndp.engine.gpu import activate
+
+            with activate(int(self._array.device.id)):
+                capsule = self._array.__dlpack__(stream=NO_SYNC, **kwargs)
+                self._ready.wait(external(consumer))
+        else:
+            import cupy
+
+            # CuPy orders the consumer's stream after its *current* stream: make that ours,
+            # on the array's device (the consumer's thread may have another one current)
+            with self._array.device, cupy.cuda.ExternalStream(int(self._stream.handle)):
+                capsule = self._array.__dlpack__(stream=stream, **kwargs)
+        self._consumers.streams.add(consumer)
+        return capsule
 
     @property
     def __cuda_array_interface__(self) -> dict:
@@ -124,6 +159,8 @@ class DeviceArray:
             raise AttributeError("no __cuda_array_interface__ under the CUDA simulator")
         cai = dict(self._array.__cuda_array_interface__)
         cai["stream"] = int(self._stream.handle) or LEGACY_DEFAULT_STREAM
+        if not self._ordered:  # the consumer's stream is unknown: fence the default one
+            self._consumers.streams.add(LEGACY_DEFAULT_STREAM)
         return cai
 
     @property
@@ -140,7 +177,7 @@ class DeviceArray:
     def rows(self, start: int, stop: int) -> DeviceArray:
         """Rows ``[start, stop)``: a view, made on the same stream, with the same consumers."""
         return DeviceArray(self._array[start:stop], self._stream, self._consumers,
-                           self._counters)
+                           self._counters, ready=self._ready, ordered=self._ordered)
 
     def copy_to_host(self) -> np.ndarray:
         """A NumPy copy, after the producing stream has finished writing it."""
@@ -195,7 +232,7 @@ class Buffer:
             import cupy
 
             self._export = cupy.asarray(self.kernel)  # zero-copy view of the same memory
-        self.consumers = Consumers()
+        self.consumers = Consumers(counters)
         self.counters = counters
 
     @property
@@ -207,15 +244,35 @@ class Buffer:
     def nbytes(self) -> int:
         return int(self._export.nbytes)
 
-    def leased(self, stream: Any, array: Any) -> DeviceArray:
-        """``array`` (over this buffer's memory, ``ndp.loader.serve.held``) as a ``DeviceArray`` that
-        shares this buffer's consumer bookkeeping."""
-        return DeviceArray(array, stream, self.consumers, self.counters)
+    def leased(self, stream: Any, array: Any, *, ready: Any = None,
+               ordered: bool = False) -> DeviceArray:
+        """``array`` (over this buffer's memory, ``ndp.loader.serve.held``) as a ``DeviceArray``
+        that shares this buffer's consumer bookkeeping (``ready``, ``ordered``: as
+        ``DeviceArray`` takes them)."""
+        return DeviceArray(array, stream, self.consumers, self.counters, ready=ready,
+                           ordered=ordered)
 
-    def view(self, stream: Any, rows: int | None = None, start: int = 0) -> DeviceArray:
-        """Rows ``[start, rows)`` (all of them with ``rows=None``) as a ``DeviceArray``."""
+    def view(self, stream: Any, rows: int | None = None, start: int = 0, *,
+             ready: Any = None) -> DeviceArray:
+        """Rows ``[start, rows)`` (all of them with ``rows=None``) as a ``DeviceArray``, ordered
+        after ``ready`` (an event recorded after the kernels that wrote them) if given."""
         array = self._export if rows is None and not start else self._export[start:rows]
-        return DeviceArray(array, stream, self.consumers, self.counters)
+        return DeviceArray(array, stream, self.consumers, self.counters, ready=ready)
+
+
+_EXTERNAL: dict[tuple[int, int], Any] = {}
+
+
+def external(handle: int) -> Any:
+    """Numba's handle on a consumer's stream (``handle`` as DLPack and torch give it: 1 is the
+    legacy default stream) in the current context, made once per context and stream."""
+    cuda = _cuda()
+    context = cuda.current_context()
+    key = (id(context), handle)
+    stream = _EXTERNAL.get(key)
+    if stream is None:
+        stream = _EXTERNAL[key] = cuda.external_stream(handle)
+    return stream
 
 
 def configure(kernel: Any, grid: int, block: int, stream: Any) -> Any:
@@ -253,9 +310,12 @@ def new_stream() -> Any:
     return stream
 
 
-def new_event() -> Any:
-    """An event for ordering only (no timing, which makes record and wait cheaper)."""
+def new_event(counters: Any = None) -> Any:
+    """An event for ordering only (no timing, which makes record and wait cheaper); counted in
+    ``counters.events_created`` if given."""
     cuda = _cuda()
+    if counters is not None:
+        counters.events_created += 1
     return cuda.event() if simulated() else cuda.event(timing=False)
 
 

@@ -26,10 +26,13 @@ the rule pays nothing for this.
 Stream order on a GPU, with torch output: when the consumer takes a chunk's first batch, its current
 stream is made to wait for the chunk's kernels (``slot.ready``); when it gives the slot back, an
 event on its stream marks the end of its work on that chunk, and the producer's stream waits on it
-before writing the slot again. Nothing blocks the host. Work must be queued on the stream that is
-current when the chunk's first batch is taken (torch's default, unless told otherwise). With
-``output="arrays"`` the ``DeviceArray`` protocol of ``ndp.engine.device`` orders each consumer
-instead.
+before it writes the slot's outputs again (not before the next chunk's verdicts). The tensors
+themselves are exported with no stream work (DLPack's "no synchronisation": the wait above is
+the ordering), so per chunk the consumer's stream gets one wait and one record, and no event is
+made. Nothing blocks the host. Work must be queued on the stream that is current when the
+chunk's first batch is taken (torch's default, unless told otherwise). With ``output="arrays"``
+the ``DeviceArray`` protocol of ``ndp.engine.device`` orders each consumer instead, on the
+chunk's own event.
 """
 
 from __future__ import annotations
@@ -179,8 +182,12 @@ class Ring:
         lease = Lease()
         self._leases[slot.index] = weakref.ref(lease)
         if self.engine.backend == "cuda":
+            # torch's stream already waits for the chunk (``serve``): the tensors are handed
+            # over with no stream work; DeviceArrays wait on the chunk's own event
+            ordered = self.output == "torch"
             with self.engine.activated():  # the Loader's device, in the consumer's thread
-                arrays = {name: buf.leased(self.engine.compute_stream, held(buf.export, lease))
+                arrays = {name: buf.leased(self.engine.compute_stream, held(buf.export, lease),
+                                           ready=slot.ready, ordered=ordered)
                           for name, buf in slot.outputs.items()}
         else:
             arrays = {name: held(buf, lease) for name, buf in slot.outputs.items()}

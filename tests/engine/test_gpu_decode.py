@@ -198,3 +198,24 @@ def test_same_batches_from_both_backends_through_the_common_api():
     assert (a.backend, b.backend) == ("cpu", "cuda")
     assert_same_padded(b.decode_padded(b.resident(data), offsets, seq_len=8),
                        a.decode_padded(a.resident(data), offsets, seq_len=8))
+
+
+def test_a_resident_shard_is_copied_on_the_stream_the_kernels_run_on(monkeypatch, ramp_shard):
+    """F4: the copy of a resident shard is queued on the decoder's compute stream, so the first
+    decode after it is ordered after it (a copy on the legacy stream from pageable memory may
+    still be landing when a kernel on ndp's non-blocking stream starts)."""
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    streams = []
+    real = FakeCUDAArray.copy_to_device
+
+    def spy(self, ary, stream=0):
+        streams.append(stream)
+        return real(self, ary, stream=stream)
+
+    monkeypatch.setattr(FakeCUDAArray, "copy_to_device", spy)
+    info, stream = ramp_shard
+    dec = CudaDecoder()
+    streams.clear()
+    dec.resident(np.frombuffer(stream.data, np.uint8))
+    assert streams == [dec.engine.compute_stream]

@@ -273,3 +273,32 @@ def test_the_next_epochs_first_chunk_is_decoded_while_the_last_ones_are_served(t
     assert loader.counters.chunks == 5  # the 4 of epoch 0, and epoch 1's first
     assert len(list(it)) == 2 and loader.epoch == 1
     loader.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_consumers_release_is_waited_for_just_before_the_build(corpus, mode):
+    """A slot's outputs are claimed (the compute stream waits for the consumer's release of
+    the slot's last chunk, and DLPack consumers are fenced) after the chunk's verdicts are
+    read and just before its build writes them: the producer's one host wait, for the
+    verdicts, never waits for the consumer's GPU work."""
+    loader = Loader(corpus, mode=mode, batch_size=2, seq_len=8, backend="cuda", seed=4,
+                    chunk_batches=2, output="arrays")
+    engine, log = loader.engine, []
+
+    def spy(name):
+        real = getattr(engine, name)
+
+        def logged(*args, **kwargs):
+            log.append(name)
+            return real(*args, **kwargs)
+
+        setattr(engine, name, logged)
+
+    for name in ("submit_verdicts", "read_verdicts", "claim", f"build_{mode}"):
+        spy(name)
+    assert sum(1 for _ in loader) >= 4
+    loader.close()
+    assert log.count("claim") == log.count(f"build_{mode}") >= 4
+    for i, name in enumerate(log):
+        if name == "claim":
+            assert log[i - 1] == "read_verdicts" and log[i + 1] == f"build_{mode}", log

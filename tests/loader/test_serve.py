@@ -114,3 +114,27 @@ def test_a_loss_kept_with_its_graph_backpropagates_through_its_own_batch(corpus)
     gc.collect()
     total.backward()
     assert torch.equal(emb.weight.grad[:, 0].to(torch.int64), expected)
+
+
+@pytest.mark.parametrize("output", ["torch", "arrays"])
+def test_a_chunks_arrays_are_ordered_on_its_own_event(corpus, monkeypatch, output):
+    """F7/F9: torch output is ordered by the ring itself (the consumer's stream waits on the
+    chunk's ``ready`` event when its first batch is taken), so its tensors are exported with
+    no stream work; DeviceArrays (output="arrays") wait on the chunk's ``ready`` event, never
+    on all that ndp queued after it."""
+    from ndp.engine.device import Buffer
+
+    seen = []
+    real = Buffer.leased
+
+    def spy(self, stream, array, *, ready=None, ordered=False):
+        seen.append((ready, ordered))
+        return real(self, stream, array, ready=ready, ordered=ordered)
+
+    monkeypatch.setattr(Buffer, "leased", spy)
+    loader = make(corpus, "cuda", output, "packed")
+    assert sum(1 for _ in loader) > 2
+    loader.close()
+    events = {id(slot.ready) for slot in loader._ring.slots}
+    assert seen and all(id(ready) in events for ready, _ in seen)
+    assert all(ordered == (output == "torch") for _, ordered in seen)
