@@ -73,10 +73,9 @@ class ChunkDecoder:
             if self.stager.prefetches:  # the next chunk's first shards, while this decodes
                 self.stager.prefetch(share[q: plan.chunk_end(share, q, 0, 1)])
             verdicts = engine.read_verdicts(slot, staged.n)
-            # an index matched by size alone: refuse a lie (from the bytes staged on the host)
-            host = isinstance(staged.data, np.ndarray)
-            plan.corpus.check_headers(packets, staged.data if host else None,
-                                      staged.offsets if host else None, entries)
+            if not self.stager.checks_headers:  # an index matched by size alone: refuse a
+                # lie, from the bytes staged on the host (a GPU's stage checks as it copies)
+                plan.corpus.check_headers(packets, staged.data, staged.offsets, entries)
             layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final)
             if layout.batches or layout.end is not None or q >= n:
                 break

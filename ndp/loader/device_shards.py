@@ -19,6 +19,11 @@ piece of the shard file into one with pread(2) (``ndp.store.files``: no memory m
 under the loader is a ``ShardChangedError``, not a SIGBUS) while the other is on its way to the
 device; the host waits only when it wants to refill a buffer whose copy has
 not finished (counted).
+
+An index matched by size alone (``verify="size"``) is checked against the packets' headers as
+the bytes pass through the bounce buffers, the first time each shard is copied
+(``Corpus.check_headers`` on the host path checks each chunk's packets instead): a chunk reads
+nothing from the files but what it copies, however often it is decoded.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ import numpy as np
 
 from ndp.store.corpus import Corpus
 from ndp.engine.cuda import CudaEngine
-from ndp.engine.device import Buffer, device_memory_info, new_event, pinned
+from ndp.engine.device import Buffer, device_memory_info, pinned
 from ndp.engine.cpu import Slot, Staged, TooManyShards
 from ndp.errors import ConfigError
 from ndp.loader.order import WINDOW_BYTES, shards_at_once as slots_needed
+from ndp.store.index import check_headers
+from ndp.wire.format import HEADER_BYTES
 
 #: bytes per bounce buffer (two of them)
 BOUNCE_BYTES = 16 << 20
@@ -61,11 +68,15 @@ class DeviceShards:
     """The GPU's staging stage (see the module docstring)."""
 
     prefetches = True
+    #: packets' headers are checked as their shards are copied (``ChunkDecoder`` need not)
+    checks_headers = True
 
     def __init__(self, engine: CudaEngine, corpus: Corpus, *, budget: int | None,
                  resident: bool, shuffle: bool = True,
                  window: int | None = WINDOW_BYTES) -> None:
         self.engine, self.corpus, self.resident = engine, corpus, resident
+        #: shards come and go (``prefetch`` has work to do) unless all are resident
+        self.prefetches = not resident
         self.sizes = np.array([s.size for s in corpus.shards], np.int64)
         n_shards = self.sizes.shape[0]
         self.budget = budget if budget is not None else default_budget(
@@ -99,12 +110,16 @@ class DeviceShards:
         self.holds = np.full(n_slots, -1, np.int64)  # shard in each slot
         self.slot_of = np.full(n_shards, -1, np.int64)  # slot of each shard
         self.used = np.zeros(n_slots, np.int64)  # last use (for least recently used)
-        self.copied = [new_event() for _ in range(n_slots)]
-        self.read = [new_event() for _ in range(n_slots)]
+        self.copied = [engine.new_event() for _ in range(n_slots)]
+        self.read = [engine.new_event() for _ in range(n_slots)]
         self.read_recorded = np.zeros(n_slots, bool)
+        #: the compute stream already waits for the slot's last copy
+        self.copy_waited = np.zeros(n_slots, bool)
         self._tick = 0
         self._bounce = [pinned(BOUNCE_BYTES, np.uint8) for _ in range(2)]
-        self._bounce_done = [new_event(), new_event()]
+        self._bounce_done = [engine.new_event(), engine.new_event()]
+        #: shards whose packets' headers were checked against their index entries
+        self._checked = np.full(n_shards, corpus.headers_checked, bool)
         self._bounce_busy = [False, False]
         self._turn = 0
         self._protect: set[int] = set()
@@ -134,8 +149,11 @@ class DeviceShards:
             np.int64)
         plan = np.concatenate([offsets + base, base + self.sizes[shard_ids]])
         dev = engine.upload(slot, "plan", plan)
-        for s in needed:  # the kernels read a shard only once its copy is done
-            self.copied[self.slot_of[s]].wait(engine.compute_stream)
+        for s in needed:  # the kernels read a shard only once its copy is done (once is
+            k = self.slot_of[s]  # enough: the compute stream keeps its order)
+            if not self.copy_waited[k]:
+                self.copied[k].wait(engine.compute_stream)
+                self.copy_waited[k] = True
         return Staged(self.arena.kernel, dev[:n], dev[n:2 * n], n, tuple(needed))
 
     def prefetch(self, packets: np.ndarray) -> None:
@@ -148,7 +166,10 @@ class DeviceShards:
                 self._ensure(s)
 
     def after(self, staged: Staged, engine: CudaEngine) -> None:
-        """The chunk's kernels are queued: its shards' slots may be overwritten once they ran."""
+        """The chunk's kernels are queued: its shards' slots may be overwritten once they ran
+        (resident shards never are)."""
+        if self.resident:
+            return
         for s in staged.shards:
             k = self.slot_of[s]
             self.read[k].record(engine.compute_stream)
@@ -186,6 +207,7 @@ class DeviceShards:
         source = self.corpus.shards[shard]
         size = int(self.sizes[shard])
         dst = int(self.slot_base[k])
+        entries = None if self._checked[shard] else _entries(self.corpus.indexes[shard])
         for at in range(0, size, BOUNCE_BYTES):
             m = min(BOUNCE_BYTES, size - at)
             turn = self._turn
@@ -196,10 +218,36 @@ class DeviceShards:
             pieces = np.arange(at, at + m, _PIECE, dtype=np.int64)
             source.read_ranges(pieces, np.minimum(_PIECE, at + m - pieces), bounce,
                                pieces - at)
+            if entries is not None:
+                self._check_headers(shard, entries, bounce, at, m)
             engine.h2d(self.arena.kernel[dst + at: dst + at + m], bounce[:m], stream)
             self._bounce_done[turn].record(stream)
             self._bounce_busy[turn] = True
+        self._checked[shard] = True
         self.copied[k].record(stream)
+        self.copy_waited[k] = False
         self.holds[k] = shard
         self.slot_of[shard] = k
         engine.counters.shard_copies += 1
+
+    def _check_headers(self, shard: int, entries: np.ndarray, bounce: np.ndarray, at: int,
+                       m: int) -> None:
+        """``IndexMismatchError`` unless the entries of the packets that start in the shard's
+        bytes ``[at, at + m)`` (in ``bounce``) match those packets' headers; a header cut by
+        the piece's end is read from the file (at most one a piece)."""
+        offsets = entries["offset"]  # in file order (``check_structure``)
+        lo = int(np.searchsorted(offsets, at))
+        whole = int(np.searchsorted(offsets, at + m - HEADER_BYTES, side="right"))
+        cut = int(np.searchsorted(offsets, at + m))
+        source = self.corpus.shards[shard]
+        where = source.index_path
+        check_headers(entries, np.arange(lo, whole), source, where=where, data=bounce,
+                      at=offsets[lo:whole].astype(np.int64) - at)
+        if cut > whole:
+            check_headers(entries, np.arange(whole, cut), source, where=where)
+
+
+def _entries(index: object) -> np.ndarray:
+    """All of a shard's index entries, without pushing out the entries the decoder holds."""
+    passing = getattr(index, "passing", None)  # a LazyIndex; an Index holds them
+    return passing() if passing is not None else index.entries  # type: ignore[attr-defined]

@@ -29,6 +29,8 @@ class HostStager:
     """Staging for the CPU backend (see the module docstring)."""
 
     prefetches = False  # the page cache holds the shards
+    #: packets' headers are checked from the staged bytes, chunk by chunk (``ChunkDecoder``)
+    checks_headers = False
 
     def __init__(self, corpus: Corpus, *, resident: bool = False) -> None:
         self.corpus = corpus
