@@ -463,3 +463,34 @@ def test_scale_peers_stream_holds_the_ndp_datasets_documents(tmp_path):
     docs = np.concatenate([b["input_ids"] for b in loader])
     assert docs.shape == (n, 16)
     np.testing.assert_array_equal(rows[:, :16], docs)
+
+
+def test_gpu_host_quick_run_counts_every_device_call_per_chunk(tmp_path):
+    """The host ceiling of the GPU Loader (``gpu_host.py`` on the counting null device, with the
+    consumer's stream handshake running as on a GPU): every mode and source measured, and per
+    chunk in steady state the protocol's calls and no more: two launches (verdicts, build),
+    one host wait (the verdicts; resident), the consumer's one stream wait and the producer's
+    one (the release, before the build), the verdicts', the chunk's and the release's records,
+    one query of torch's stream, and not one event made."""
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_host.py"), "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("gpu-host-*.json")
+    report = json.loads(result.read_text())
+    rows = report["results"]
+    assert sorted((r["mode"], r["source"]) for r in rows) == sorted(
+        (m, s) for m in ("padded", "packed", "packing") for s in ("host", "resident"))
+    for r in rows:
+        chunks = r["counters_per_batch"]["chunks"] * r["batches"]
+        per_chunk = {k: v * r["batches"] / chunks for k, v in r["device_calls_per_batch"].items()}
+        assert r["host_us_per_batch"] > 0 and r["cpu_us_per_batch"] > 0 and chunks >= 4
+        assert per_chunk["event_create"] == 0 and r["counters_per_batch"]["events_created"] == 0
+        assert per_chunk["stream_synchronize"] == 0
+        assert per_chunk["launch"] <= 2.1  # a chunk whose drops left too few tokens reads again
+        assert 0.9 <= per_chunk["current_stream_query"] <= 1.1  # one per chunk served
+        if r["source"] == "resident":
+            assert per_chunk["event_synchronize"] <= 1.0  # the verdicts
+            assert per_chunk["stream_wait_event"] <= 2.1  # consumer's wait, producer's wait
+            assert per_chunk["event_record"] <= 3.1  # verdicts, chunk ready, release
+            assert per_chunk["memcpy_h2d"] <= 3.0 and per_chunk["memcpy_d2h"] <= 1.0
+    assert set(report["targets_met"]) == {"host_us_per_batch", "cpu_s_per_billion_tokens"}

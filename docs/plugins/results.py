@@ -37,6 +37,8 @@ FEATURED = {
     "breakdown": ["cpu-breakdown-20261124-193047.json", "cpu-breakdown-20261124-200826.json"],
     # the default corpus (2 KB documents) first; the run of 40-byte documents after it
     "shuffle": ["shuffle-20261126-124612.json", "shuffle-20261126-124754.json"],
+    # after issue 27's host fixes, then the same benchmark on the code before them
+    "gpu-host": ["gpu-host-20261126-140747.json", "gpu-host-20261126-140840-at-d34480e.json"],
 }
 
 
@@ -113,6 +115,8 @@ def kinds_of(name: str, report: dict) -> list[str]:
             kinds.append(kind)
     if report.get("benchmark") == "cpu-breakdown" and isinstance(report.get("rows"), list):
         kinds.append("breakdown")
+    if report.get("benchmark") == "gpu_host" and isinstance(report.get("results"), list):
+        kinds.append("gpu-host")
     if name.startswith("gpu-loader-") and isinstance(report.get("results"), dict):
         kinds.append("gpu-loader")
     elif name.startswith("gpu-") and isinstance(report.get("results"), dict):

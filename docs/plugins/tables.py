@@ -90,6 +90,27 @@ def _breakdown(r: Result) -> str:
          + [fmt((d.get("ns_per_token") or {}).get(s), digits=2) for s in STAGES] for d in rows])
 
 
+def _gpu_host(r: Result) -> str:
+    rows = [d for d in r.report["results"] if isinstance(d, dict)]
+    c = r.report.get("config") or {}
+    where = r.report.get("measured_at")
+    head = (f"{'Measured at ' + where + '. ' if where else ''}Batches of {c.get('batch', '?')} x "
+            f"{c.get('seq', '?')} tokens; documents of {c.get('doc_tokens_mean', '?')} tokens "
+            f"on average; {fmt(c.get('packets'), digits=0)} packets in {c.get('shards', '?')} "
+            "shards; device calls counted, not made. Per batch:\n\n")
+    calls = ["launch", "memcpy_h2d", "memcpy_d2h", "event_create", "event_record",
+             "stream_wait_event", "event_synchronize"]
+    return head + table(
+        ["mode", "shards", "host us", "host G tokens/s", "CPU us", "consumer CPU us",
+         "CPU s / 1e9 tokens"] + calls,
+        [[d.get("mode", "?"), d.get("source", "?"), fmt(d.get("host_us_per_batch"), digits=1),
+          fmt(d.get("ceiling_tokens_per_s"), 1e9, 2), fmt(d.get("cpu_us_per_batch"), digits=1),
+          fmt(d.get("consumer_cpu_us_per_batch"), digits=1),
+          fmt(d.get("cpu_s_per_billion_tokens"), digits=2)]
+         + [fmt((d.get("device_calls_per_batch") or {}).get(k), digits=3) for k in calls]
+         for d in rows])
+
+
 def _spread(row: dict, key: str, scale: float = 1.0, digits: int = 1) -> str:
     rounds = [x.get(key) for x in row.get("rounds", []) if isinstance(x, dict)]
     rounds = [x for x in rounds if is_number(x)]
@@ -315,7 +336,8 @@ def _bad_inputs(r: Result) -> str:
 
 
 TABLES = {"decode": _decode, "crc": _crc, "convert": _convert, "loader": _loader,
-          "breakdown": _breakdown, "loaders": _loaders, "gpu": _gpu, "gpu-loader": _gpu,
+          "breakdown": _breakdown, "gpu-host": _gpu_host, "loaders": _loaders, "gpu": _gpu,
+          "gpu-loader": _gpu,
           "accounting": _accounting, "remote": _remote, "shuffle": _shuffle,
           "bad-inputs": _bad_inputs, "scale": _scale}
 

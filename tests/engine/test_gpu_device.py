@@ -156,3 +156,39 @@ def test_small_decodes_print_no_low_occupancy_warnings():
         dec = CudaDecoder()
         dec.decode_padded(stream.array, stream.offsets, seq_len=16)
         dec.decode_packed(stream.array, stream.offsets, batch_size=1, seq_len=8)
+
+
+def test_the_first_decode_after_a_resident_copy_sees_the_whole_shard():
+    """F4 on a device: a large shard made resident and decoded at once, from its tail (what a
+    copy still landing on another stream would get wrong), 20 times over, equals the CPU's."""
+    stream = big_stream(60000, seed=11)  # ~50 MB
+    tail = stream.offsets[-4096:]
+    want = CpuDecoder().decode_padded(stream.array, tail, seq_len=1031)
+    for _ in range(20):
+        dec = CudaDecoder()
+        got = dec.decode_padded(dec.resident(stream.array), tail, seq_len=1031)
+        assert_equal_padded(got, want)
+
+
+def test_a_torch_consumer_on_its_own_stream_reads_its_batch_not_the_next():
+    """F7/F8 on a device: with torch's current stream a side stream that is kept busy, every
+    batch's sum, taken on that stream, equals the CPU backend's (no batch is overwritten or
+    read before its chunk is built, however far the producer runs ahead)."""
+    import torch
+
+    import ndp
+
+    stream = big_stream(3000, seed=5)
+    root = Path(__import__("tempfile").mkdtemp(prefix="ndp-order-"))
+    (root / "s.ndp").write_bytes(stream.data)
+    kw = dict(mode="packed", batch_size=4, seq_len=256, seed=1, chunk_batches=4,
+              manifest="ignore")
+    want = [int(b["x"].sum()) for b in ndp.Loader(root, backend="cpu", **kw)]
+    side = torch.cuda.Stream()
+    sums = []
+    with torch.cuda.stream(side):
+        for b in ndp.Loader(root, backend="cuda", **kw):
+            torch.cuda._sleep(200_000)  # the consumer's work lags its host loop
+            sums.append(b["x"].sum())
+    side.synchronize()
+    assert [int(s) for s in sums] == want

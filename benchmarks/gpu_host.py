@@ -1,0 +1,193 @@
+"""The GPU Loader's host ceiling, measured without a GPU: its host time and CPU per batch with
+every device call replaced by a counting no-op (``null_device.py``).
+
+    python benchmarks/gpu_host.py                      # 64 x 1024 batches, ~2 minutes on 2 cores
+    python benchmarks/gpu_host.py --quick              # small data, for a smoke run
+    python benchmarks/gpu_host.py --out benchmarks/results   # adds to the project's record
+
+A synthetic dataset of documents of 1 to ``2 * --doc-tokens - 1`` uint16 tokens (uniform, mean
+``--doc-tokens``, 1,024 by default: about a FineWeb-Edu document) in shards of ``--shard-mb`` MiB,
+page cache warm. For each mode (padded, packed, packing) and each source:
+
+* ``host``: shards copied to the "device" as the chunks need them, through the pinned bounce
+  buffers (pread(2) and the header checks included), with ``shuffle_window`` two shards and an
+  arena of eight (fewer than the dataset's shards), so shards are copied again each epoch, as
+  on a dataset far larger than the device's memory;
+* ``resident``: every shard copied once, at construction;
+
+the Loader (``backend="cuda"``, torch output, default chunk size: 64 batches) runs one epoch to
+warm up (compilation, allocation), then whole epochs timed until ``--seconds`` have passed, the
+consumer taking batches and doing nothing else, so ndp's threads and the consumer share the cores as fast as they go.
+Reported per batch: wall microseconds (the host's ceiling: ``batch * seq`` tokens over it is the
+most tokens/s the host side can feed), process CPU microseconds (every thread), the consumer
+thread's CPU, CPU-seconds per 1e9 tokens, and each kind of device call per batch. The targets of
+issue 27 (<= 10 us of host time a batch, <= 1 CPU-s per 1e9 tokens) are reported as met or not.
+JSON ``gpu-host-<time>.json`` into ``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``).
+Not included: the host cost of the device calls themselves (counted here; timed on a GPU by
+``bench_gpu_loader.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import null_device  # noqa: E402  (first: it switches Numba's simulator on)
+import numpy as np  # noqa: E402
+
+from bench_cpu import machine  # noqa: E402
+from results_dir import add_out_argument  # noqa: E402
+
+#: issue 27's targets for the host side (never asserted by tests)
+TARGETS = {"host_us_per_batch": 10.0, "cpu_s_per_billion_tokens": 1.0}
+
+
+def write_dataset(root: Path, *, tokens: int, doc_tokens: int, shard_mb: int, seed: int = 0
+                  ) -> Path:
+    """Documents of uniform random length (mean ``doc_tokens``) of ramp-like uint16 ids."""
+    from ndp.store.writer import ShardWriter
+    from ndp.wire.packet import encode_tokens
+
+    rng = np.random.default_rng(seed)
+    ids = (np.arange(2 * doc_tokens, dtype=np.int64) * 7919) % 50_000
+    out = root / "data"
+    done = 0
+    with ShardWriter(out, max_shard_bytes=shard_mb << 20) as writer:
+        while done < tokens:
+            n = int(rng.integers(1, 2 * doc_tokens))
+            writer.write(encode_tokens(np.roll(ids, done % 977)[:n], width=2))
+            done += n
+    return out
+
+
+def measure(corpus, truth: np.ndarray, *, mode: str, resident: bool, batch: int, seq: int,
+            seconds: float, shard_bytes: int) -> dict:
+    """One Loader on the null device: a warm-up epoch, then whole epochs for ``seconds``."""
+    import ndp
+
+    made: list = []
+    options = dict(mode=mode, batch_size=batch, seq_len=seq, seed=0, backend="cuda",
+                   resident=resident, output="torch")
+    if not resident:
+        options.update(shuffle_window=2 * shard_bytes, device_budget=8 * shard_bytes)
+    with null_device.null_device(made):
+        loader = ndp.Loader(corpus, **options)
+        engine = made[-1]
+        engine.truth = truth
+        warm = sum(1 for _ in loader)
+        calls0, counts0 = dict(engine.calls), loader.counters.as_dict()
+        own0 = engine.own_seconds
+        consumer0 = time.thread_time()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        batches = epochs = 0
+        while time.perf_counter() - t0 < seconds:
+            for _b in loader:
+                batches += 1
+            epochs += 1
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        consumer = time.thread_time() - consumer0
+        counts = loader.counters.since(counts0)
+        calls = {k: engine.calls.get(k, 0) - calls0.get(k, 0) for k in null_device.CALLS}
+        own = engine.own_seconds - own0
+        threads = threading.active_count()
+        chunk_batches = loader.chunk_batches
+        loader.close()
+    per = max(batches, 1)
+    tokens = batches * batch * seq
+    return {
+        "mode": mode, "source": "resident" if resident else "host", "warmup_batches": warm,
+        "epochs": epochs, "batches": batches, "chunk_batches": chunk_batches, "seconds": wall,
+        "host_us_per_batch": wall / per * 1e6,
+        "cpu_us_per_batch": cpu / per * 1e6,
+        "consumer_cpu_us_per_batch": consumer / per * 1e6,
+        "cpu_s_per_billion_tokens": cpu / max(tokens, 1) * 1e9,
+        "ceiling_tokens_per_s": tokens / wall if wall else 0.0,
+        "null_device_own_us_per_batch": own / per * 1e6,
+        "device_calls_per_batch": {k: v / per for k, v in calls.items()},
+        "counters_per_batch": {k: v / per for k, v in counts.items() if k != "batches"},
+        "threads_alive": threads,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=96 << 20, help="tokens in the dataset")
+    ap.add_argument("--doc-tokens", type=int, default=1024, help="mean document length")
+    ap.add_argument("--shard-mb", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--seconds", type=float, default=4.0,
+                    help="timed per run (whole epochs, at least one)")
+    ap.add_argument("--modes", default="padded,packed,packing")
+    ap.add_argument("--quick", action="store_true", help="small data, for a smoke run")
+    add_out_argument(ap)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.tokens, args.doc_tokens, args.shard_mb = 1 << 20, 64, 1
+        args.batch, args.seq, args.seconds = 8, 128, 0.2
+    report = {
+        "benchmark": "gpu_host",
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/gpu_host.py", *(argv or sys.argv[1:])]),
+        "machine": machine(),
+        "config": {"tokens": args.tokens, "doc_tokens_mean": args.doc_tokens,
+                   "token_width": 2, "shard_mb": args.shard_mb, "batch": args.batch,
+                   "seq": args.seq, "seconds": args.seconds, "output": "torch"},
+        "targets": TARGETS, "results": [],
+        "not_included": "the host cost of the device calls themselves (counted per batch in "
+                        "device_calls_per_batch; timed on a GPU by bench_gpu_loader.py)",
+    }
+    from ndp.store.corpus import Corpus
+
+    # padded rows cut at seq_len (documents of up to 2 * doc_tokens): counted, not news here
+    warnings.filterwarnings("ignore", message="ndp.Loader: padded rows cut")
+    with tempfile.TemporaryDirectory(prefix="ndp-gpu-host-") as tmp:
+        data = write_dataset(Path(tmp), tokens=args.tokens, doc_tokens=args.doc_tokens,
+                             shard_mb=args.shard_mb)
+        corpus = Corpus(data, manifest="ignore")
+        truth = null_device.verdicts_of(data, manifest="ignore")
+        report["config"].update(packets=len(corpus), shards=len(corpus.shards))
+        for mode in args.modes.split(","):
+            for resident in (False, True):
+                row = measure(corpus, truth, mode=mode, resident=resident, batch=args.batch,
+                              seq=args.seq, seconds=args.seconds,
+                              shard_bytes=args.shard_mb << 20)
+                report["results"].append(row)
+                _print(row)
+    rows = report["results"]
+    report["targets_met"] = {
+        "host_us_per_batch": max(r["host_us_per_batch"] for r in rows)
+        <= TARGETS["host_us_per_batch"],
+        "cpu_s_per_billion_tokens": max(r["cpu_s_per_billion_tokens"] for r in rows)
+        <= TARGETS["cpu_s_per_billion_tokens"],
+    }
+    print("targets met:", report["targets_met"])
+    from ndp.store.atomic import atomic_write
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"gpu-host-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    atomic_write(path, json.dumps(report, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+def _print(row: dict) -> None:
+    calls = row["device_calls_per_batch"]
+    print(f"{row['mode']:8s} {row['source']:9s} {row['host_us_per_batch']:8.1f} us/batch "
+          f"({row['ceiling_tokens_per_s'] / 1e9:6.2f} G tok/s)  cpu {row['cpu_us_per_batch']:8.1f}"
+          f" us/batch ({row['cpu_s_per_billion_tokens']:.2f} s/1e9 tok), consumer "
+          f"{row['consumer_cpu_us_per_batch']:.1f} us; per batch: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in calls.items() if v))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
