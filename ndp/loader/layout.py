@@ -10,7 +10,9 @@ all of the chunk's batches in one launch.
 Each layout is the one the Loader has always delivered, batch for batch (see ``ndp.loader.loader``):
 
 * ``padded_layout``: batch ``j`` takes packets ``[jB, jB + B)``; its rows are the valid ones, in
-  order, so a corrupt packet makes its batch one row shorter.
+  order, so a corrupt packet makes its batch one row shorter (and a batch whose packets are all
+  dropped has no row: ``stats.empty_batches``, warned about once; every rank still delivers as
+  many batches).
 * ``packed_layout``: the valid tokens of the chunk form one stream; batch ``i`` is the ``B``
   windows of ``T + 1`` tokens from ``tok + i*B*T``. After each batch the state moves past the
   packets the next window no longer needs, so it stays a small (packet, token) pair.
@@ -82,6 +84,8 @@ def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: i
         counted["truncated_tokens"] = total[j] - kept[j]
         counted["_range"] = (pos + a, pos + b)
         rows = (rows_before[j], rows_before[j + 1])
+        if rows[0] == rows[1]:  # every packet dropped: a batch of no row (counted, warned)
+            counted["empty_batches"] = 1
         batches.append(Batch({"input_ids": rows, "labels": rows, "attention_mask": rows},
                              {"pos": pos + b, "tok": 0}, counted))
     return Layout(batches, {"row_packet": row_packet}, packets_used=n)

@@ -18,7 +18,8 @@ Modes, and which shift labels (said here only; ``NDPDataset`` and ``decode_padde
   one example, so their shift loses only its last token's target, and it has none. A corrupt
   packet makes its batch one row shorter (counted in ``stats``) instead of pulling a packet
   forward from the next batch, so every batch depends only on its place in the order: resume
-  and rank splits stay exact. A row keeps a longer packet's first ``seq_len`` tokens: the cut is
+  and rank splits stay exact (a batch of no row is counted in ``stats.empty_batches`` and
+  warned about once). A row keeps a longer packet's first ``seq_len`` tokens: the cut is
   counted per epoch from the index and warned, once per epoch, past 1% of its tokens
   (``ndp.loader.truncation``).
 * ``packed`` (pretraining): the valid tokens of this rank's packets, in order, form one stream;

@@ -6,6 +6,7 @@ Counted on the consumer's side, batch by batch, from what each batch's layout co
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 
@@ -37,6 +38,9 @@ class LoaderStats:
     # damage found when a stale index was rebuilt (those bytes are no packets in the index)
     corrupt_regions: int = 0
     corrupt_bytes: int = 0
+    #: padded mode: batches with no row, every packet of them dropped (warned about once)
+    empty_batches: int = 0
+    _warned_empty: bool = field(default=False, repr=False, compare=False)
 
     def add(self, other: dict) -> None:
         """Add what one batch (or an epoch's end) counted; on the consumer's hot path, so
@@ -50,12 +54,26 @@ class LoaderStats:
         self.unused_tokens += get("unused_tokens", 0)
         self.rank_balance += get("rank_balance", 0)
         self.repeated += get("repeated", 0)
+        empty = get("empty_batches")
+        if empty:
+            self._empty(empty)
         for key in ("corrupt", "sources", "mix_unused", "mix_repeated"):
             found = get(key)
             if found:
                 mine = getattr(self, key)
                 for name, n in found.items():
                     mine[name] = mine.get(name, 0) + n
+
+    def _empty(self, n: int) -> None:
+        self.empty_batches += n
+        if not self._warned_empty:
+            self._warned_empty = True
+            warnings.warn(
+                f"ndp.Loader: batch {self.batches + 1} has no rows: every packet of it was "
+                "dropped (corrupt, or CRC-Drop), so a mean loss over it is NaN. Use a zero "
+                "loss for a batch with no rows (under DDP every rank must still run its "
+                "backward), or a larger batch_size; counted in loader.stats.empty_batches",
+                UserWarning, stacklevel=4)
 
     def as_dict(self) -> dict:
         return {
@@ -67,6 +85,7 @@ class LoaderStats:
             "rank_balance": self.rank_balance,
             "repeated": self.repeated, "wait_seconds": round(self.wait_seconds, 6),
             "corrupt_regions": self.corrupt_regions, "corrupt_bytes": self.corrupt_bytes,
+            "empty_batches": self.empty_batches,
             "sources": dict(self.sources), "mix_unused": dict(self.mix_unused),
             "mix_repeated": dict(self.mix_repeated),
         }

@@ -302,3 +302,20 @@ def test_the_consumers_release_is_waited_for_just_before_the_build(corpus, mode)
     for i, name in enumerate(log):
         if name == "claim":
             assert log[i - 1] == "read_verdicts" and log[i + 1] == f"build_{mode}", log
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_a_padded_batch_with_no_row_is_counted_and_warned_about_once(corpus, backend):
+    """batch_size=1: a dropped packet (corrupt, or empty) leaves its batch no row, whose mean
+    loss is NaN. It is still delivered (every rank delivers as many batches), counted in
+    ``stats.empty_batches`` and warned about once, naming what to do."""
+    loader = Loader(corpus, mode="padded", batch_size=1, seq_len=8, backend=backend, seed=1,
+                    chunk_batches=8, output="arrays")
+    with pytest.warns(UserWarning, match="has no rows") as caught:
+        rows = [b["input_ids"].shape[0] for b in loader]
+    loader.close()
+    assert len([w for w in caught if "has no rows" in str(w.message)]) == 1
+    dropped = sum(loader.stats.corrupt.values())
+    assert dropped >= len(DAMAGED) and rows.count(0) == dropped
+    assert loader.stats.empty_batches == dropped == loader.stats.as_dict()["empty_batches"]
+    assert len(rows) == N_PACKETS
