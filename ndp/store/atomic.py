@@ -55,9 +55,15 @@ class AtomicFile:
         return self.path
 
     def abort(self) -> None:
-        """Close and remove the temporary file (idempotent)."""
-        self.file.close()
-        self.tmp.unlink(missing_ok=True)
+        """Close and remove the temporary file (idempotent), even when closing fails: on a
+        full disk the close cannot write what is buffered, and raises (the file is closed
+        anyway), which once left the temporary file behind."""
+        try:
+            self.file.close()
+        except OSError:
+            pass  # what it could not write is thrown away with the file
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -113,3 +113,30 @@ def test_shards_named_without_their_manifest_record_no_rule(tmp_path, dataset):
     assert summary.recorded is False and summary.split is None
     assert "not recorded" in summary.describe()
     assert not np.frombuffer((tmp_path / "x.bin").read_bytes()[:1024], "<i4")[3:].any()
+
+
+FULL_DISK = """
+    import resource, signal, sys
+    import ndp.convert.export_llmc
+    from ndp.cli.main import main
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, as on a full disk
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1500, 1500))  # the header and a few tokens fit
+    sys.exit(main(["export", sys.argv[1], "-o", sys.argv[2], "--no-progress"]))
+"""
+
+
+def test_an_export_onto_a_full_disk_fails_by_name_and_leaves_no_temporary_file(tmp_path,
+                                                                              dataset):
+    """A file-size limit stands in for a full disk: a write fails with an OSError part way
+    through a file; the command says so without a traceback, and no ``.tmp`` is left (closing
+    the half-written file raised too, and the removal was skipped)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "llmc"
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(FULL_DISK), str(dataset[0]),
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "File too large" in proc.stderr or "No space" in proc.stderr, proc.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("llmc")) == []
