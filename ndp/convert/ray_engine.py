@@ -14,6 +14,9 @@ file starts a shard). The driver gathers each file's counts as its task finishes
 bar over the input bytes), checks the totals as the local converter does (``max_skipped``,
 truncation), then writes one manifest: the commit.
 
+A local Ray that ndp starts (no ``address``, no ``RAY_ADDRESS``) dies with the command, even
+one killed with SIGKILL (``ndp.convert.reaper``).
+
 Output: a local directory (written by the tasks in place, so on a cluster it must be a shared
 filesystem) or a URL (each task uploads its shards as it finishes them, ``ndp.store.upload``; the
 driver uploads the manifest last). Parallelism is across input files: split one huge file
@@ -114,6 +117,10 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
     summary = maker.summary
     started = time.perf_counter()
     if not ray.is_initialized():
+        if not (address or os.environ.get("RAY_ADDRESS")):  # a local Ray, ndp's own: it must
+            from ndp.convert.reaper import reap_with_this_process  # not outlive the command
+
+            reap_with_this_process()
         ray.init(address=address, num_cpus=None if address else num_cpus,
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
     context = ray.data.DataContext.get_current()
