@@ -59,10 +59,12 @@ class _ConvertFile:
     worker)."""
 
     def __init__(self, tokenizer: str, options: ConvertOptions, target: str,
-                 inputs: list) -> None:
+                 inputs: list, tag: str | None = None) -> None:
         from ndp.convert.tokenizer import load_tokenizer
 
         self.tokenizer, self.opts, self.target = tokenizer, options, target
+        #: replacing a dataset at a URL: the new shards' names carry it (``ndp.store.upload``)
+        self.tag = tag
         self.inputs = inputs  # every input (a local path, "hf:NAME" or a RemoteInput)
         self.tok = load_tokenizer(tokenizer)
 
@@ -80,7 +82,8 @@ class _ConvertFile:
                 on_finish = uploader.put
             else:
                 local, on_finish = Path(self.target), None
-            writer = ShardWriter(local, prefix=f"shard-{unit:05d}",
+            tag = f"-{self.tag}" if self.tag else ""
+            writer = ShardWriter(local, prefix=f"shard-{unit:05d}{tag}",
                                  max_shard_bytes=self.opts.max_shard_bytes, on_finish=on_finish)
             try:
                 records = maker.run([self.inputs[unit]], writer, early_check=False)
@@ -141,7 +144,8 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
         units = [{"unit": i} for i in range(len(files))]
         dataset = ray.data.from_items(units, override_num_blocks=max(1, len(units))).map(
             _ConvertFile, fn_constructor_kwargs={"tokenizer": tokenizer, "options": opts,
-                                                 "target": target, "inputs": files},
+                                                 "target": target, "inputs": files,
+                                                 "tag": uploader.tag if uploader else None},
             compute=ray.data.ActorPoolStrategy(
                 min_size=1, max_size=max(1, int(ray.available_resources().get("CPU", 1)))))
         done: dict[int, dict] = {}

@@ -7,10 +7,13 @@ reader finds a dataset through its manifest only (``ndp.store.remote``), so it n
 without all of its shards; a conversion that fails or is killed leaves shards and no manifest,
 which readers refuse, as on a local disk.
 
-Overwriting (``overwrite=True``) deletes the old manifest first, so no reader starts on the
-old dataset while its shards are replaced; a reader already on it gets a ``RemoteError`` (its
-shards no longer match their manifest) rather than wrong tokens. Old shards that the new
-dataset does not have are deleted after the new manifest is up.
+Overwriting (``overwrite=True``) never touches the old dataset before the new one is
+complete: its shards go up under names the old manifest does not use (the old names with a tag
+of this conversion, ``shard-00000-<tag>.ndp``, in the same order), the new manifest replaces the
+old one in one PUT, and only then are the old shards deleted. So a conversion that fails or is
+killed part way leaves the old dataset whole and readable (and some new shards that no manifest
+lists), as a killed overwrite does on a local disk; a reader still on the old dataset when its
+shards are deleted gets a ``RemoteError`` (a shard is missing), never another dataset's tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import json
 import os
 import queue
+import secrets
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -47,6 +51,8 @@ class RemoteOutput:
         exists = not keep_manifest and with_retries(
             where, lambda: self.fs.exists(f"{self.root}/{MANIFEST}"), retries=retries)
         self.old: dict | None = None
+        #: what the new shards' names carry when they replace a dataset (``name``)
+        self.tag: str | None = None
         if exists:
             if not overwrite:
                 raise ConfigError(f"{self.url} already holds a dataset ({MANIFEST}); choose "
@@ -54,10 +60,10 @@ class RemoteOutput:
             text = with_retries(where, lambda: self.fs.cat_file(f"{self.root}/{MANIFEST}"),
                                 retries=retries)
             self.old = parse_manifest(text, where, self.url)
-            # no reader starts on the old dataset from here on
-            with_retries(where, lambda: self.fs.rm_file(f"{self.root}/{MANIFEST}"),
-                         retries=retries)
-        self.uploaded: list[str] = []
+            old_names = {e["name"] for e in self.old["shards"]}
+            while self.tag is None or any(f"-{self.tag}" in n for n in old_names):
+                self.tag = secrets.token_hex(4)
+        self.uploaded: list[str] = []  # the names the shards have at the URL
         self._queue: queue.Queue[ShardInfo | None] = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ndp-upload", daemon=True)
@@ -70,9 +76,19 @@ class RemoteOutput:
             raise self._error
         self._queue.put(shard)
 
-    def _put_file(self, local: Path) -> None:
-        remote = f"{self.root}/{local.name}"
-        with_retries(f"{self.url}/{local.name}", lambda: self.fs.put_file(str(local), remote),
+    def name(self, local: str) -> str:
+        """The name a shard written as ``local`` has at the URL: its own, or, replacing a
+        dataset, with this conversion's tag (``shard-00000.ndp`` -> ``shard-00000-<tag>.ndp``:
+        shards keep their order by name)."""
+        if self.tag is None:
+            return local
+        stem, dot, suffix = local.partition(".")
+        return f"{stem}-{self.tag}{dot}{suffix}"
+
+    def _put_file(self, local: Path, name: str | None = None) -> None:
+        name = local.name if name is None else name
+        remote = f"{self.root}/{name}"
+        with_retries(f"{self.url}/{name}", lambda: self.fs.put_file(str(local), remote),
                      retries=self.retries)
 
     def _run(self) -> None:
@@ -80,9 +96,10 @@ class RemoteOutput:
             if self._error is not None:
                 continue
             try:
-                self._put_file(shard.path)
-                self._put_file(index_path_for(shard.path))
-                self.uploaded.append(shard.path.name)
+                name = self.name(shard.path.name)
+                self._put_file(shard.path, name)
+                self._put_file(index_path_for(shard.path), name + INDEX_SUFFIX)
+                self.uploaded.append(name)
                 shard.path.unlink()
                 index_path_for(shard.path).unlink()
             except BaseException as exc:  # noqa: BLE001 - raised by put() or finish()
@@ -97,14 +114,21 @@ class RemoteOutput:
             raise self._error
 
     def finish(self, manifest: Path) -> None:
-        """Wait for the shards' uploads, then upload ``manifest`` (the commit) and delete the
-        old dataset's shards that the new one does not have."""
+        """Wait for the shards' uploads, then upload ``manifest`` (the commit, with the names
+        the shards have at the URL) and delete the old dataset's shards that the new one does
+        not have."""
         self.wait()
         record = json.loads(manifest.read_text())
-        missing = sorted({e["name"] for e in record["shards"]} - set(self.uploaded))
+        uploaded = set(self.uploaded)
+        for entry in record["shards"]:  # renamed here, or named by whoever uploaded them
+            if entry["name"] not in uploaded:
+                entry["name"] = self.name(entry["name"])
+        missing = sorted({e["name"] for e in record["shards"]} - uploaded)
         if missing:
             raise RemoteError(f"{self.url}: shards {missing[:3]} were not uploaded; nothing "
                               f"was committed")
+        if self.tag is not None:
+            manifest.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         self._put_file(manifest)
         if self.old is not None:
             kept = set(self.uploaded)

@@ -114,3 +114,38 @@ def test_inputs_in_object_storage_convert_as_local_ones(corpus, tokenizer_dir, s
     missing = convert(f"s3://{bucket}/nothing/", tmp_path / "x", tokenizer_dir,
                       "--storage-options", opts)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_an_overwrite_that_fails_before_its_commit_leaves_the_old_dataset_whole(
+        corpus, tokenizer_dir, s3_server, tmp_path):
+    """Issue 28 item 3: the new shards go up under names of their own and the old dataset is
+    left alone until the new manifest replaces it, so an overwrite that fails (or is killed)
+    at its last step, its shards all up, leaves the old dataset readable and the same; a later
+    overwrite that succeeds replaces it and deletes every shard the old manifest listed."""
+    bucket = s3_server.bucket("ndp-convert-overwrite")
+    url = f"s3://{bucket}/tok"
+    opts = json.dumps(s3_server.options)
+    first = tmp_path / "first.jsonl"
+    first.write_text("".join(corpus.read_text().splitlines(keepends=True)[:12]))
+    assert convert(first, url, tokenizer_dir, "--storage-options", opts).returncode == 0
+    before = read_all(url, storage_options=s3_server.options, cache_dir=tmp_path / "c1")
+    old = json.loads(s3_server.fs().cat_file(f"{bucket}/tok/ndp.json"))
+    s3_server.fail(f"/{bucket}/tok/ndp.json", "403", times=1, method="PUT")  # the commit
+    proc = convert(corpus, url, tokenizer_dir, "--storage-options", opts, "--overwrite")
+    assert proc.returncode == 2 and "ndp.json" in proc.stderr
+    assert json.loads(s3_server.fs().cat_file(f"{bucket}/tok/ndp.json")) == old
+    after = read_all(url, storage_options=s3_server.options, cache_dir=tmp_path / "c2")
+    assert len(after) == len(before) > 0 and all(np.array_equal(a, b)
+                                                 for a, b in zip(after, before))
+    proc = convert(corpus, url, tokenizer_dir, "--storage-options", opts, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    new = json.loads(s3_server.fs().cat_file(f"{bucket}/tok/ndp.json"))
+    names = [e["name"] for e in new["shards"]]
+    assert names == sorted(names) and not {e["name"] for e in old["shards"]} & set(names)
+    left = {p.rsplit("/", 1)[1] for p in s3_server.fs().ls(f"{bucket}/tok")}
+    assert not {e["name"] for e in old["shards"]} & left  # the old shards are gone
+    assert convert(corpus, tmp_path / "local", tokenizer_dir).returncode == 0
+    want = read_all(tmp_path / "local")
+    got = read_all(url, storage_options=s3_server.options, cache_dir=tmp_path / "c3")
+    assert len(got) == len(want) > len(before) and all(np.array_equal(a, b)
+                                                        for a, b in zip(got, want))
