@@ -9,13 +9,23 @@ dataset rewritten under the same URL gets a directory of its own.
   size and crc32 are counted, and is renamed into place only when both are the manifest's. A
   file under a shard's name in the cache is whole and checked; a partial or wrong download
   never is, and a ``.tmp`` left by a killed process is overwritten by the next download.
+* **Still the file that was checked.** Another program may write over a cached shard, or rename
+  a file of the same size over it, long after it was checked. What was checked is recorded
+  with it: ``.verified/<name>.json`` holds the file's identity then (device, inode, size and
+  modification time, ``ndp.store.files``) and its crc32. Each use compares the file's identity
+  now (one ``stat``) with it; only a file that differs, or has no record (a crash between the
+  rename and the record, a cache an older ndp made), has its crc32 counted again, and one that
+  is not the manifest's is downloaded again, with a warning naming it: the remote copy is the
+  truth. Counting every shard's crc32 at every use would read each shard twice.
 * **Once per node.** A download holds a per-shard file lock (``filelock``); another process
   that needs the shard meanwhile waits for the lock, then finds the file there.
 * **A size limit.** With ``limit`` (bytes of shards), a download first evicts shards that no
-  process pins, least recently used first. Each process pins the shards it reads now and those
-  its prefetch fetches ahead (``.pins/<pid>-<n>``; the pins of a process that died are
-  ignored). When pins alone fill the limit the download waits for the other processes to move
-  on, up to ``wait`` seconds, then raises ``CacheFullError`` naming the limit.
+  process pins, least recently used first (by their access time, which ``touch`` sets: their
+  modification time is part of the identity above). Each process pins the shards it reads
+  now and those its prefetch fetches ahead (``.pins/<pid>-<n>``; the pins of a process that
+  died are ignored). When pins alone fill the limit the download waits for the other
+  processes to move on, up to ``wait`` seconds, then raises ``CacheFullError`` naming the
+  limit.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ import json
 import os
 import threading
 import time
+import warnings
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +50,12 @@ from ndp.wire.format import SHARD_SUFFIX
 from ndp.store.manifest import pid_alive
 
 PINS = ".pins"
+VERIFIED = ".verified"
 LOCK_SUFFIX = ".lock"
 #: how long a download waits for other processes to unpin shards when the cache is full
 WAIT_S = 600.0
+#: bytes per read when a cached shard's crc32 is counted again
+BLOCK = 8 << 20
 
 
 def default_cache_dir() -> Path:
@@ -54,8 +69,9 @@ def default_cache_dir() -> Path:
 @dataclass
 class CacheStats:
     """What this process' cache did: shards found in place, downloaded (and their bytes),
-    download attempts repeated after a transient error, shards evicted, and downloads that
-    waited for room."""
+    download attempts repeated after a transient error, shards evicted, downloads that
+    waited for room, and cached shards whose crc32 was counted again (their identity was not
+    the one recorded when they were checked)."""
 
     hits: int = 0
     downloads: int = 0
@@ -63,6 +79,7 @@ class CacheStats:
     retries: int = 0
     evicted: int = 0
     waits: int = 0
+    rechecked: int = 0
 
 
 class ShardCache:
@@ -81,6 +98,8 @@ class ShardCache:
         self.stats = CacheStats()
         self._pin_file = self.dir / PINS / f"{os.getpid()}-{ShardCache._serial}"
         self._pins: frozenset[str] = frozenset()
+        #: identity of each shard this process found recorded as checked (saves reading it)
+        self._known: dict[str, tuple[int, int, int, int]] = {}
         self._mutex = threading.Lock()
 
     def _check_writable(self) -> None:
@@ -112,11 +131,75 @@ class ShardCache:
         return self.dir / name
 
     def present(self, name: str, size: int) -> bool:
-        """Whether the checked shard ``name`` (of ``size`` bytes) is in the cache."""
+        """Whether the checked shard ``name`` (of ``size`` bytes) is in the cache, still the
+        file that was checked (a file changed since is checked again by ``get``)."""
+        return self._trusted(name, size) is not None
+
+    def _trusted(self, name: str, size: int) -> os.stat_result | None:
+        """The stat of ``name`` if it is the file recorded as checked, else None."""
         try:
-            return os.stat(self.dir / name).st_size == size
+            st = os.stat(self.dir / name)
+        except FileNotFoundError:
+            return None
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if st.st_size != size:
+            return None
+        if self._known.get(name) == identity:
+            return st
+        try:
+            record = json.loads(self._record_path(name).read_text())
+            recorded = tuple(record["identity"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # none, or unreadable: the crc32 is counted again
+        if recorded != identity:
+            return None
+        self._known[name] = identity
+        return st
+
+    def _record_path(self, name: str) -> Path:
+        return self.dir / VERIFIED / f"{name}.json"
+
+    def _record(self, name: str, crc32: int | None) -> None:
+        """Record ``name`` as checked now, as the file it is (under its lock)."""
+        st = os.stat(self.dir / name)
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        (self.dir / VERIFIED).mkdir(exist_ok=True)
+        atomic_write(self._record_path(name),
+                     json.dumps({"identity": identity, "crc32": crc32}))
+        self._known[name] = identity
+
+    def _forget(self, name: str) -> None:
+        """Remove shard ``name`` and its record (evicted, or not the manifest's)."""
+        (self.dir / name).unlink(missing_ok=True)
+        self._record_path(name).unlink(missing_ok=True)
+        self._known.pop(name, None)
+
+    def _recheck(self, name: str, size: int, crc32: int | None) -> bool:
+        """Under ``name``'s lock, with a file there that is not the one recorded as checked:
+        whether it is the manifest's all the same (its size and crc32; then recorded). One
+        that is not is removed, with a warning naming it, for ``get`` to download again."""
+        path = self.dir / name
+        try:
+            n = os.stat(path).st_size
         except FileNotFoundError:
             return False
+        self.stats.rechecked += 1
+        crc = None
+        if n == size and crc32 is not None:
+            crc = 0
+            with open(path, "rb") as f:
+                while piece := f.read(BLOCK):
+                    crc = zlib.crc32(piece, crc)
+            if crc == crc32:
+                self._record(name, crc32)
+                return True
+        found = f"{n:,} bytes" + ("" if crc is None else f" with crc32 {crc:#010x}")
+        wanted = f"{size:,} bytes" + ("" if crc32 is None else f" and {crc32:#010x}")
+        warnings.warn(f"{path}: {found} in the cache where the manifest lists {wanted}: not "
+                      f"the shard that was downloaded and checked there (changed since by "
+                      f"another program); downloaded again", stacklevel=3)
+        self._forget(name)
+        return False
 
     # ---------------------------------------------------------------------------- pins
     def pin(self, names: set[str] | frozenset[str]) -> None:
@@ -151,24 +234,29 @@ class ShardCache:
 
     # ------------------------------------------------------------------------- get / evict
     def get(self, name: str, size: int, download: Callable[[IO[bytes]], None], *,
-            wait: bool = True) -> Path:
+            crc32: int | None = None, wait: bool = True) -> Path:
         """The path of shard ``name`` in the cache, downloaded first if it is not there:
         ``download(file)`` writes it and raises unless what it wrote is the manifest's (size and
-        crc32); only then is it renamed into place. Without ``wait``, a full cache raises
-        ``CacheFullError`` at once instead of waiting for room."""
+        crc32); only then is it renamed into place. A file there that is not the one recorded
+        as checked is checked against ``size`` and ``crc32`` (without ``crc32``: downloaded
+        again). Without ``wait``, a full cache raises ``CacheFullError`` at once instead of
+        waiting for room."""
         path = self.dir / name
-        if self.present(name, size):
-            self.touch(name)
+        st = self._trusted(name, size)
+        if st is not None:
+            self._touch(path, st)
             self.stats.hits += 1
             return path
         with FileLock(str(path) + LOCK_SUFFIX):
-            if self.present(name, size):  # another process downloaded it meanwhile
+            # another process downloaded it meanwhile, or it is the manifest's all the same
+            if self._trusted(name, size) is not None or self._recheck(name, size, crc32):
                 self.stats.hits += 1
                 return path
             out = self._make_room(name, size, wait=self.wait if wait else 0.0)
             try:
                 download(out.file)
                 out.commit()
+                self._record(name, crc32)
             except OSError as exc:
                 out.abort()
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -187,7 +275,16 @@ class ShardCache:
     def touch(self, name: str) -> None:
         """Mark ``name`` used now (eviction takes the least recently used first)."""
         try:
-            os.utime(self.dir / name)
+            self._touch(self.dir / name, os.stat(self.dir / name))
+        except FileNotFoundError:
+            pass
+
+    @staticmethod
+    def _touch(path: Path, st: os.stat_result) -> None:
+        """Set ``path``'s access time to now and keep its modification time (``st``'s): that
+        is part of the identity recorded when it was checked."""
+        try:
+            os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
         except FileNotFoundError:
             pass
 
@@ -206,7 +303,7 @@ class ShardCache:
                     st = entry.stat()
                 except FileNotFoundError:
                     continue
-                out.append((entry.name, st.st_size, st.st_mtime))
+                out.append((entry.name, st.st_size, st.st_atime))
         return out
 
     def _stale(self, name: str) -> bool:
@@ -243,7 +340,7 @@ class ShardCache:
                             break
                         if victim in pinned or not victim.endswith(SHARD_SUFFIX):
                             continue
-                        (self.dir / victim).unlink(missing_ok=True)
+                        self._forget(victim)
                         total -= vsize
                         self.stats.evicted += 1
                 if total + size <= self.limit:

@@ -228,7 +228,7 @@ class RemoteDataset:
         """Shard ``entry``'s checked file in the cache (downloaded now if it is not there;
         without ``wait``, ``CacheFullError`` at once if the cache has no room for it now)."""
         return self.cache.get(entry["name"], entry["bytes"], lambda out: self.download(entry, out),
-                              wait=wait)
+                              crc32=entry["crc32"], wait=wait)
 
     def fetch_all(self, *, progress: bool = False) -> list[Path]:
         """Every shard in the cache (for the tools that read a dataset whole)."""

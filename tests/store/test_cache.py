@@ -7,11 +7,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import time
+import zlib
 
 import pytest
 
-from ndp.store.cache import PINS, ShardCache
+from ndp.store.cache import PINS, VERIFIED, ShardCache
 from ndp.errors import CacheFullError, ConfigError
 
 
@@ -120,3 +122,46 @@ def test_an_unwritable_cache_dir_is_a_config_error_naming_it(tmp_path, monkeypat
     with pytest.raises(ConfigError, match=rf"{tmp_path / 'key'}: .*cannot write.*Permission "
                                           rf"denied.*`cache_dir`"):
         ShardCache(tmp_path / "key")
+
+
+def _crc(data: bytes) -> int:
+    return zlib.crc32(data)
+
+
+def test_a_cached_shard_rewritten_after_its_check_is_checked_again_and_downloaded(tmp_path):
+    """Its identity is not the one recorded: its crc32 is counted, and a file that is not the
+    manifest's is downloaded again with a warning naming it; a touch keeps the identity."""
+    cache = ShardCache(tmp_path)
+    cache.get("a.ndp", 5, writer(b"12345"), crc32=_crc(b"12345"))
+    cache.touch("a.ndp")
+    assert cache.get("a.ndp", 5, writer(b"XXXXX"), crc32=_crc(b"12345")).read_bytes() == b"12345"
+    assert cache.stats.rechecked == 0
+    time.sleep(0.05)  # past the granularity of the filesystem's modification times
+    with open(tmp_path / "a.ndp", "r+b") as f:  # the same size, the same inode
+        f.write(b"54321")
+    where = re.escape(str(tmp_path / "a.ndp"))
+    with pytest.warns(UserWarning, match=rf"{where}: 5 bytes with crc32 .*downloaded again"):
+        path = cache.get("a.ndp", 5, writer(b"12345"), crc32=_crc(b"12345"))
+    assert path.read_bytes() == b"12345"
+    assert (cache.stats.downloads, cache.stats.rechecked) == (2, 1)
+    fresh = ShardCache(tmp_path)  # another process: the new file's record is there
+    fresh.get("a.ndp", 5, writer(b"XXXXX"), crc32=_crc(b"12345"))
+    assert (fresh.stats.hits, fresh.stats.rechecked) == (1, 0)
+
+
+def test_a_cached_shard_without_a_record_is_checked_once_and_kept(tmp_path, recwarn):
+    """As a cache an older ndp made: the crc32 is the manifest's, so it is kept, recorded."""
+    (tmp_path / "a.ndp").write_bytes(b"12345")
+    cache = ShardCache(tmp_path)
+    for _ in range(2):
+        assert cache.get("a.ndp", 5, writer(b"XXXXX"), crc32=_crc(b"12345")).read_bytes() \
+            == b"12345"
+    assert (cache.stats.downloads, cache.stats.hits, cache.stats.rechecked) == (0, 2, 1)
+    assert not [w for w in recwarn if "a.ndp" in str(w.message)]
+
+
+def test_an_evicted_shard_takes_its_record_with_it(tmp_path):
+    cache = ShardCache(tmp_path, limit=5)
+    cache.get("a.ndp", 5, writer(b"x" * 5))
+    cache.get("b.ndp", 5, writer(b"y" * 5))
+    assert sorted(p.name for p in (tmp_path / VERIFIED).iterdir()) == ["b.ndp.json"]

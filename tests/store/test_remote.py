@@ -11,6 +11,7 @@ RAMP data: packet k holds tokens k*1000 + arange(n).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -303,3 +304,73 @@ def test_verify_of_a_url_fails_a_shard_that_is_not_the_manifests(local, remote, 
                            str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 1
     assert f"FAIL  {remote}/{NAMES[1]}" in proc.stdout and "2 passed, 1 failed" in proc.stdout
+
+
+# ------------------------------------------------------------------------ the cache reused
+def _other_packets(name: str, tmp_path: Path) -> bytes:
+    """Shard ``name`` (``p<i>-00000.ndp``) written again from packets of the same lengths and
+    masks but other tokens: a valid shard of the same size, not the manifest's."""
+    i = int(name[1])
+    specs = ramp_specs(LENGTHS[20 * i: 20 * (i + 1)], stride=7777,
+                       masked=[k % 5 == 2 for k in range(20 * i, 20 * (i + 1))])
+    d = tmp_path / "other"
+    d.mkdir(exist_ok=True)
+    write_shards(d, [s.encode() for s in specs], prefix=f"p{i}")
+    return (d / name).read_bytes()
+
+
+def _put(path: Path, data: bytes, how: str) -> None:
+    """``data`` into ``path``: written over its bytes (the same inode), or renamed over it."""
+    if how == "rewritten":
+        with open(path, "r+b") as f:
+            f.write(data)
+    else:
+        (path.parent / "x.part").write_bytes(data)
+        (path.parent / "x.part").replace(path)
+
+
+@pytest.mark.parametrize("how", ["rewritten", "replaced"])
+def test_a_cached_shard_replaced_by_other_packets_is_downloaded_again(how, local, remote,
+                                                                      s3_server, tmp_path):
+    """The next open of the dataset with the same cache finds the cached file's identity is not
+    the one checked when it was downloaded: it checks its crc32, warns and downloads it again."""
+    kw = dict(mode="packed", output="arrays", batch_size=2, seq_len=16, shuffle=False)
+    opts = dict(storage_options=s3_server.options, cache_dir=tmp_path / "cache")
+    want = batches(Loader(local, **kw))
+    assert same(batches(Loader(remote, **opts, **kw)), want)
+    (cached,) = (tmp_path / "cache").rglob(NAMES[1])
+    other = _other_packets(NAMES[1], tmp_path)
+    assert len(other) == cached.stat().st_size and other != cached.read_bytes()
+    _put(cached, other, how)
+    where = re.escape(str(cached))
+    with pytest.warns(UserWarning, match=rf"{where}: .*not the shard.*downloaded again"):
+        got = batches(Loader(remote, **opts, **kw))
+    assert same(got, want)
+    assert cached.read_bytes() == (local / NAMES[1]).read_bytes()
+    assert s3_server.gets(f"/{remote[5:]}/{NAMES[1]}") == 2
+    assert s3_server.gets(f"/{remote[5:]}/{NAMES[0]}") == 1  # an intact shard: not read again
+
+
+def test_a_cached_shard_replaced_while_its_dataset_is_open_is_downloaded_again(
+        local, remote, s3_server, tmp_path):
+    """Within one open (a Loader's producer reads ahead, so its epochs cannot show it): the
+    shard's next read finds the file changed, checks it and downloads it again."""
+    data = (local / NAMES[2]).read_bytes()
+    dataset = RemoteDataset(remote, storage_options=s3_server.options, cache_dir=tmp_path)
+    shard = dataset.shards[2]
+
+    def read() -> bytes:
+        dst = np.zeros(len(data), np.uint8)
+        shard.read_ranges(np.zeros(1, np.int64), np.array([len(data)], np.int64), dst,
+                          np.zeros(1, np.int64))
+        return dst.tobytes()
+
+    try:
+        assert read() == data and read() == data
+        assert dataset.cache.stats.rechecked == 0  # an unchanged file: one stat, no crc32
+        _put(shard.path, _other_packets(NAMES[2], tmp_path), "rewritten")
+        with pytest.warns(UserWarning, match=rf"{re.escape(str(shard.path))}: .*not the shard"):
+            assert read() == data
+        assert shard.path.read_bytes() == data and dataset.cache.stats.rechecked == 1
+    finally:
+        dataset.close()
