@@ -128,7 +128,10 @@ def count_segments(verdicts: np.ndarray, bounds: np.ndarray) -> list[dict[str, A
     if n_seg <= 0:
         return []
     a, b = int(bounds[0]), int(bounds[-1])
-    seg = np.repeat(np.arange(n_seg), np.diff(bounds))
+    sizes = np.diff(bounds)
+    if b == a or int(verdicts[a:b].min()) >= 0:  # nothing dropped (the usual chunk)
+        return [{"packets": k, "valid": k, "corrupt": {}} for k in sizes.tolist()]
+    seg = np.repeat(np.arange(n_seg), sizes)
     codes = np.bincount(seg * _N_REASONS + status_of(verdicts[a:b]),
                         minlength=n_seg * _N_REASONS).reshape(n_seg, _N_REASONS).tolist()
     out = []
