@@ -25,7 +25,14 @@ dataset rewritten under the same URL gets a directory of its own.
   now and those its prefetch fetches ahead (``.pins/<pid>-<n>``; the pins of a process that
   died are ignored). When pins alone fill the limit the download waits for the other
   processes to move on, up to ``wait`` seconds, then raises ``CacheFullError`` naming the
-  limit.
+  limit. A limit too small for the node's ranks to make progress at all is refused when the
+  dataset is opened (``ndp.store.remote.least_cache_limit``), not found by this wait.
+* **No rank outlives the one that gave up.** Once one rank raises ``CacheFullError`` the job
+  is lost (the others would wait out their own timeout, then hang in a collective). So a wait
+  that gives up writes ``.full`` (its pid, host, time, shard) under the cache's lock, and each
+  wait for room in that cache begun before it raises ``CacheFullError`` at its next poll
+  (0.1 s), naming it. A download that succeeds removes ``.full``; an older one is ignored. A
+  download without ``wait`` (the prefetcher's) gives nothing up.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ from ndp.store.manifest import pid_alive
 PINS = ".pins"
 VERIFIED = ".verified"
 LOCK_SUFFIX = ".lock"
+#: written by a download that gave up waiting for room: the others waiting stop too
+FULL = ".full"
 #: how long a download waits for other processes to unpin shards when the cache is full
 WAIT_S = 600.0
 #: bytes per read when a cached shard's crc32 is counted again
@@ -257,6 +266,8 @@ class ShardCache:
                 download(out.file)
                 out.commit()
                 self._record(name, crc32)
+                if self.limit is not None:  # room was made: an earlier give-up is over
+                    (self.dir / FULL).unlink(missing_ok=True)
             except OSError as exc:
                 out.abort()
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -328,6 +339,7 @@ class ShardCache:
             raise CacheFullError(f"{self.dir}: shard {name} is {size:,} bytes, more than "
                                  f"cache_limit={self.limit:,}; raise cache_limit")
         deadline = time.monotonic() + wait
+        since = time.time()  # a give-up written after this ends this wait too
         waited = False
         while True:
             with FileLock(str(self.dir / ".cache") + LOCK_SUFFIX):
@@ -347,14 +359,45 @@ class ShardCache:
                     out = AtomicFile(self.dir / name)
                     out.file.truncate(size)  # counted by the next process that makes room
                     return out
-            if time.monotonic() > deadline:
-                raise CacheFullError(
-                    f"{self.dir}: caching {name} ({size:,} bytes) needs room that the shards "
-                    f"pinned by the loaders reading this dataset ({total:,} bytes) do not "
-                    f"leave under cache_limit={self.limit:,} (waited {wait:.0f} s): raise "
-                    f"cache_limit to at least the shuffle windows every rank of this node "
-                    f"reads at once, or give each job its own cache_dir")
-            if not waited:
-                self.stats.waits += 1
-                waited = True
-            time.sleep(0.1)
+            other = self._gave_up(since) if wait > 0 else None
+            if other is None and time.monotonic() <= deadline:
+                if not waited:
+                    self.stats.waits += 1
+                    waited = True
+                time.sleep(0.1)
+                continue
+            why = f"waited {wait:.0f} s" if other is None else (
+                f"process {other['pid']} on {other['host']}, waiting on this cache too, gave "
+                f"up at {time.strftime('%H:%M:%S', time.localtime(other['time']))} caching "
+                f"{other['shard']}: stopped waiting after "
+                f"{wait - max(0.0, deadline - time.monotonic()):.1f} s of {wait:.0f} s rather "
+                f"than outlive it")
+            if other is None and wait > 0:
+                self._give_up(name, size)
+            raise CacheFullError(
+                f"{self.dir}: caching {name} ({size:,} bytes) needs room that the shards "
+                f"pinned by the loaders reading this dataset ({total:,} bytes) do not "
+                f"leave under cache_limit={self.limit:,} ({why}): raise cache_limit to at "
+                f"least the shuffle windows every rank of this node reads at once, or give "
+                f"each job its own cache_dir")
+
+    def _give_up(self, name: str, size: int) -> None:
+        """Record that this process gave up waiting for room (``FULL``, written under the
+        cache's lock: one writer at a time), for the others waiting to stop too."""
+        record = {"pid": os.getpid(), "host": os.uname().nodename, "time": time.time(),
+                  "shard": name, "bytes": size, "limit": self.limit}
+        try:
+            with FileLock(str(self.dir / ".cache") + LOCK_SUFFIX):
+                atomic_write(self.dir / FULL, json.dumps(record))
+        except OSError:
+            pass  # the CacheFullError raised next says what matters
+
+    def _gave_up(self, since: float) -> dict | None:
+        """The give-up recorded in ``FULL`` at or after ``since`` (``time.time()``), if any."""
+        try:
+            record = json.loads((self.dir / FULL).read_text())
+            if float(record["time"]) >= since:
+                return {k: record.get(k, "?") for k in ("pid", "host", "time", "shard")}
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # none, or one being replaced: the next poll reads it
+        return None

@@ -7,7 +7,10 @@ it is (``advance``). From that the prefetcher keeps:
 
 * **pinned**: the shards needed now (first needed at or before the position, last needed at or
   after it) and the next ones in order of first need, up to ``ahead`` bytes past those needed
-  now (never more than the cache's limit holds); no process evicts a pinned shard;
+  now, and never more than this rank's share of the cache's limit (the limit divided among
+  the node's ranks, ``RemoteDataset.ranks``: were each rank to pin up to the whole limit, the
+  shards one fetched ahead could hold the room another needs now, each waiting on the other;
+  the shards needed now are pinned all the same); no process evicts a pinned shard;
 * **fetched**: the pinned shards not yet in the cache, downloaded one after another, in order
   of need, on one thread that sleeps when there is nothing to fetch.
 
@@ -35,7 +38,9 @@ class Prefetcher:
         self.dataset = dataset
         self.sizes = np.array([e["bytes"] for e in dataset.entries], np.int64)
         limit = dataset.cache.limit
-        self.ahead = ahead if limit is None else min(ahead, limit)
+        #: what this rank's pins may hold: its share of the node's cache (None: no limit)
+        self.share = None if limit is None else max(1, limit // getattr(dataset, "ranks", 1))
+        self.ahead = ahead if self.share is None else min(ahead, self.share)
         self._cond = threading.Condition()
         self._order = np.zeros(0, np.int64)  # shard numbers in order of first need
         self._first = self._last = np.zeros(0, np.int64)
@@ -64,8 +69,8 @@ class Prefetcher:
             sizes = self.sizes[order]
             now = int((self._first[alive] <= pos).sum())  # a prefix: sorted by first need
             budget = int(sizes[:now].sum()) + self.ahead
-            if self.dataset.cache.limit is not None:  # pins must leave room to evict
-                budget = min(budget, self.dataset.cache.limit)
+            if self.share is not None:  # pins must leave room to evict, for other ranks too
+                budget = min(budget, self.share)
             k = max(now, int(np.searchsorted(np.cumsum(sizes), budget, side="right")))
             targets = order[:k].tolist()
             self.dataset.cache.pin({self.dataset.entries[s]["name"] for s in targets})

@@ -15,6 +15,11 @@
   ``cache_limit`` evicts what no loader needs now). A Loader fetches only the shards its share
   reads, in the order it reads them, on one prefetch thread (``ndp.store.prefetch``) that stays
   ahead of the decoder; a shard not there yet when it is needed is downloaded on the spot.
+* **A cache_limit too small for the node is refused when the dataset is opened**, not found
+  by ranks stalled on each other's pins for the cache's wait (``least_cache_limit``): each of
+  the node's ``LOCAL_WORLD_SIZE`` ranks (torchrun sets it) pins the shard it reads and the
+  next, which its prefetch fetches meanwhile, so the limit must hold that many of the
+  manifest's largest shards (the whole dataset at most); a ``CacheFullError`` says so.
 * **Errors**: a transient error (a dropped connection, a timeout, a 5xx) is retried with
   exponential backoff (``retries``, 5 by default); a missing object, a refused request or an
   object that is not what the manifest says (after the retries) raises ``RemoteError`` naming
@@ -40,7 +45,8 @@ import numpy as np
 
 from ndp.store.atomic import atomic_write
 from ndp.store.cache import ShardCache, default_cache_dir
-from ndp.errors import IndexMismatchError, ManifestError, RemoteError, ShardChangedError
+from ndp.errors import (CacheFullError, IndexMismatchError, ManifestError, RemoteError,
+                        ShardChangedError)
 from ndp.wire.format import (
     INDEX_HEADER_BYTES,
     INDEX_HEADER_DTYPE,
@@ -57,6 +63,9 @@ T = TypeVar("T")
 BLOCK = 8 << 20
 RETRIES = 5
 BACKOFF_S = 0.2
+#: shards one reader pins at once, at the least: the one it reads and the next, which its
+#: prefetch fetches while the first is decoded (``ndp.store.prefetch``)
+READER_SHARDS = 2
 
 
 def is_url(path: Any) -> bool:
@@ -82,6 +91,28 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[Any, str]
                           f"implementation of its scheme (s3fs for s3://, gcsfs for gs://)"
                           ) from None
     return fs, path.rstrip("/")
+
+
+def node_ranks() -> int:
+    """The ranks of this node that share its cache: ``LOCAL_WORLD_SIZE`` (torchrun sets it, with
+    ``WORLD_SIZE``, which it cannot exceed); 1 where it is unset or not a positive integer."""
+    def env(name: str) -> int | None:
+        try:
+            value = int(os.environ.get(name, ""))
+        except ValueError:
+            return None
+        return value if value >= 1 else None
+
+    local, world = env("LOCAL_WORLD_SIZE"), env("WORLD_SIZE")
+    return min(local or 1, world or local or 1)
+
+
+def least_cache_limit(sizes: list[int], ranks: int) -> int:
+    """The least ``cache_limit`` with which ``ranks`` readers sharing a cache all make progress:
+    each pins ``READER_SHARDS`` shards at once, in the worst case other shards than the others'
+    and the largest ones (``sizes``: every shard's bytes), and all of them never need more than
+    the whole dataset."""
+    return sum(sorted(sizes, reverse=True)[:ranks * READER_SHARDS])
 
 
 def permanent(exc: BaseException) -> bool:
@@ -145,11 +176,31 @@ class RemoteDataset:
         key = hashlib.sha256(self.url.encode() + b"\0" + text).hexdigest()
         self.cache = ShardCache(Path(cache_dir or default_cache_dir()) / key[:24],
                                 limit=cache_limit)
+        #: the ranks of this node sharing the cache (``node_ranks``): the prefetch of each
+        #: pins at most its share of ``cache_limit``
+        self.ranks = node_ranks()
         self.entries = list(self.manifest["shards"])
+        self._check_limit()
         self.entries.sort(key=lambda e: e["name"])
         self._fetch_indexes()
         self.shards = [RemoteShard(self, e) for e in self.entries]
         self.prefetcher = None  # made by the first ``will_read`` (``ndp.store.prefetch``)
+
+    def _check_limit(self) -> None:
+        """``CacheFullError`` if ``cache_limit`` is below ``least_cache_limit``."""
+        limit, ranks = self.cache.limit, self.ranks
+        need = least_cache_limit([int(e["bytes"]) for e in self.entries], ranks)
+        if limit is None or limit >= need:
+            return
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        raise CacheFullError(
+            f"{self.url}: cache_limit={limit:,} bytes cannot hold the shards that the {ranks} "
+            f"rank(s) of this node sharing the cache pin at once (LOCAL_WORLD_SIZE="
+            f"{local if local is not None else 'unset, so 1'}): {need:,} bytes, each rank's "
+            f"shard and the next its prefetch fetches, of the largest shards in the manifest; "
+            f"with less the ranks wait on each other's pins until they fail. Raise "
+            f"cache_limit to at least {need:,}, run fewer ranks per node on this cache, or give "
+            f"each rank its own `cache_dir`")
 
     # ------------------------------------------------------------------------------ indexes
     def _fetch_indexes(self) -> None:

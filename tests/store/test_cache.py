@@ -1,6 +1,7 @@
 """ndp.store.cache: a shard lands under its name only whole and checked; eviction takes the least
 recently used shard that no live process pins; a cache its pins fill, or a full disk, is a
-``CacheFullError`` that names the limit, and leaves no temporary file behind."""
+``CacheFullError`` that names the limit, and leaves no temporary file behind; a wait given up
+ends the other waits on the same cache at once."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import errno
 import json
 import os
 import re
+import threading
 import time
 import zlib
 
 import pytest
 
-from ndp.store.cache import PINS, VERIFIED, ShardCache
+from ndp.store.cache import FULL, PINS, VERIFIED, ShardCache
 from ndp.errors import CacheFullError, ConfigError
 
 
@@ -165,3 +167,53 @@ def test_an_evicted_shard_takes_its_record_with_it(tmp_path):
     cache.get("a.ndp", 5, writer(b"x" * 5))
     cache.get("b.ndp", 5, writer(b"y" * 5))
     assert sorted(p.name for p in (tmp_path / VERIFIED).iterdir()) == ["b.ndp.json"]
+
+
+def test_a_wait_given_up_ends_the_others_waiting_on_the_cache(tmp_path):
+    """Two ranks (threads here: the record is a file, as for processes) wait for room that a
+    live process (the parent) pins. The one that waits 1 s gives up and says so in ``FULL``;
+    the other, which would wait 10 s, stops at its next poll naming it, and records nothing.
+    A give-up older than a wait does not end it, a download without waiting (the prefetcher's)
+    gives nothing up, and a download that succeeds removes the record."""
+    ShardCache(tmp_path, limit=10).get("a.ndp", 5, writer(b"x" * 5))
+    ShardCache(tmp_path, limit=10).get("b.ndp", 5, writer(b"x" * 5))
+    other = tmp_path / PINS / f"{os.getppid()}-1"
+    other.write_text(json.dumps(["a.ndp", "b.ndp"]))
+    with pytest.raises(CacheFullError, match="waited 0 s"):
+        ShardCache(tmp_path, limit=10, wait=5.0).get("e.ndp", 5, writer(b"y" * 5), wait=False)
+    assert not (tmp_path / FULL).exists()
+
+    ended: dict[str, tuple[float, str]] = {}
+
+    def wait(cache: ShardCache, name: str) -> None:
+        start = time.monotonic()
+        try:
+            cache.get(name, 5, writer(b"y" * 5))
+        except CacheFullError as exc:
+            ended[name] = (time.monotonic() - start, str(exc))
+
+    patient = threading.Thread(target=wait, args=(ShardCache(tmp_path, limit=10, wait=10.0),
+                                                  "d.ndp"))
+    patient.start()
+    time.sleep(0.3)  # waiting before the other gives up
+    quick = threading.Thread(target=wait, args=(ShardCache(tmp_path, limit=10, wait=1.0),
+                                                "c.ndp"))
+    quick.start()
+    quick.join(timeout=30)
+    patient.join(timeout=30)
+    assert "c.ndp" in ended and ended["c.ndp"][0] < 3 and "waited 1 s" in ended["c.ndp"][1]
+    record = json.loads((tmp_path / FULL).read_text())
+    assert (record["pid"], record["shard"], record["limit"]) == (os.getpid(), "c.ndp", 10)
+    took, message = ended["d.ndp"]
+    assert took < 3.5, f"the other wait outlived the give-up by {took - 1.3:.1f} s"
+    assert re.search(rf"cache_limit=10 \(process {os.getpid()} on .*gave up at .*caching "
+                     rf"c\.ndp: stopped waiting after \d+\.\d s of 10 s", message), message
+
+    start = time.monotonic()  # a give-up before this wait began: it waits its own time
+    with pytest.raises(CacheFullError, match=r"\(waited 1 s\)"):
+        ShardCache(tmp_path, limit=10, wait=0.6).get("e.ndp", 5, writer(b"y" * 5))
+    assert time.monotonic() - start >= 0.6
+    other.unlink()
+    ShardCache(tmp_path, limit=10).get("c.ndp", 5, writer(b"y" * 5))
+    assert not (tmp_path / FULL).exists()
+    assert not list(tmp_path.glob("*.tmp"))

@@ -23,7 +23,7 @@ import pytest
 from ndp import NDPDataset
 from ndp.errors import CacheFullError, ManifestError, RemoteError
 from ndp.loader.loader import Loader
-from ndp.store.remote import RemoteDataset, is_url
+from ndp.store.remote import RemoteDataset, is_url, least_cache_limit, node_ranks
 
 from ndp_test_helpers import S3Server, ramp_specs, upload, write_shards
 
@@ -217,6 +217,45 @@ def test_a_cache_limit_too_small_is_refused_at_construction(remote, s3_server, t
     with pytest.raises(CacheFullError, match="cache_limit=100 bytes cannot hold"):
         Loader(remote, mode="padded", batch_size=4, seq_len=24, storage_options=s3_server.options,
                cache_dir=tmp_path, cache_limit=100)
+
+
+def test_the_ranks_of_a_node_are_local_world_size_and_each_pins_two_shards(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert node_ranks() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert node_ranks() == 8
+    monkeypatch.setenv("WORLD_SIZE", "2")  # no more ranks on a node than in the job
+    assert node_ranks() == 2
+    for bad in ("0", "eight"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", bad)
+        assert node_ranks() == 1
+    sizes = [10, 50, 20, 40, 30]
+    assert least_cache_limit(sizes, 1) == 90  # the two largest: one rank's shard, the next
+    assert least_cache_limit(sizes, 2) == 140
+    assert least_cache_limit(sizes, 4) == 150  # never more than the whole dataset
+
+
+def test_a_cache_limit_too_small_for_the_ranks_of_the_node_is_refused_when_opened(
+        local, remote, s3_server, tmp_path, monkeypatch):
+    """Before any index is fetched; a limit that holds what they pin is taken, and read with."""
+    sizes = sorted(((local / n).stat().st_size for n in NAMES), reverse=True)
+    two = sizes[0] + sizes[1]  # what one rank pins: the shard it reads, the next
+    opts = dict(storage_options=s3_server.options)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    RemoteDataset(remote, cache_dir=tmp_path / "one", cache_limit=two, **opts).close()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    before = len(s3_server.requests)
+    with pytest.raises(CacheFullError, match=(
+            rf"{remote}: cache_limit={two:,} bytes cannot hold .*the 4 rank\(s\) of this node "
+            rf".*LOCAL_WORLD_SIZE=4\): {sum(sizes):,} bytes.*at least {sum(sizes):,}, run "
+            rf"fewer ranks per node .*own `cache_dir`")):
+        RemoteDataset(remote, cache_dir=tmp_path / "four", cache_limit=two, **opts)
+    assert not any(p.endswith(".idx") for _, p in s3_server.requests[before:])
+    kw = dict(mode="padded", output="arrays", batch_size=4, seq_len=24, shuffle=False)
+    loader = Loader(remote, cache_dir=tmp_path / "four", cache_limit=sum(sizes), **opts, **kw)
+    assert same(batches(loader), batches(Loader(local, **kw)))  # its prefetch: a quarter
 
 
 def test_a_cache_of_two_shards_evicts_and_still_gives_every_batch(local, remote, s3_server,
