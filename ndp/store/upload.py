@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ndp.errors import ConfigError, RemoteError
+from ndp.store.atomic import atomic_write
 from ndp.wire.format import INDEX_SUFFIX
 from ndp.store.manifest import MANIFEST, parse_manifest, staged_output
 from ndp.store.remote import RETRIES, filesystem, is_url, with_retries
@@ -128,7 +129,7 @@ class RemoteOutput:
             raise RemoteError(f"{self.url}: shards {missing[:3]} were not uploaded; nothing "
                               f"was committed")
         if self.tag is not None:
-            manifest.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            atomic_write(manifest, json.dumps(record, indent=1) + "\n")
         self._put_file(manifest)
         if self.old is not None:
             kept = set(self.uploaded)
