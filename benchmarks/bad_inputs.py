@@ -7,7 +7,10 @@
 Each case damages a small ramp dataset (packet ``k`` holds ``k * 1000 + 0..n-1``), or misuses
 the API or the command line, the way issue 12 lists them: indexes, partial datasets, ranks,
 resume states, files changed under a reader, values a model cannot take, misuse, command-line
-mistakes, damaged shards. A case is **handled** when ndp does one of the two things it promises:
+mistakes, damaged shards; and issue 28's (in ``bad_inputs_more.py``, with the groups "files" to
+"command line"): elastic resume, a FIFO shard, zero lengths, a padded batch of no row, named
+errors, a full disk, remote datasets (where moto and s3fs are installed). A case is **handled**
+when ndp does one of the two things it promises:
 
 * refuses with a named error (an ``ndp.errors`` class; on the command line one message, exit
   status 1 or 2, no traceback), or
@@ -23,14 +26,11 @@ import contextlib
 import datetime as dt
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +38,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# run as a script, this module is __main__: bad_inputs_more's ``from bad_inputs import ...``
+# must find it, and its CASES, instead of importing a second copy
+sys.modules.setdefault("bad_inputs", sys.modules[__name__])
 
 from bench_cpu import machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
@@ -45,9 +48,8 @@ from results_dir import add_out_argument  # noqa: E402
 from ndp.store.atomic import atomic_write  # noqa: E402
 from ndp.cli.main import main as cli  # noqa: E402
 from ndp.errors import NDPError  # noqa: E402
-from ndp.wire.format import Typ  # noqa: E402
 from ndp.loader.loader import Loader  # noqa: E402
-from ndp.wire.packet import encode_packet, encode_tokens  # noqa: E402
+from ndp.wire.packet import encode_tokens  # noqa: E402
 from ndp.store.writer import ShardWriter  # noqa: E402
 from ndp.loader.state import seal  # noqa: E402
 
@@ -67,8 +69,8 @@ def case(group: str, name: str):
 
 
 # ----------------------------------------------------------------------------------- helpers
-def ramp_packets(lengths=LENGTHS) -> list[bytes]:
-    return [encode_tokens(k * 1000 + np.arange(n), mask=None if k % 4 else
+def ramp_packets(lengths=LENGTHS, base: int = 0) -> list[bytes]:
+    return [encode_tokens(k * 1000 + base + np.arange(n), mask=None if k % 4 else
                           (np.arange(n) % 3 != 0).astype(np.uint8)) for k, n in enumerate(lengths)]
 
 
@@ -83,6 +85,12 @@ def dataset(d: Path, packets: list[bytes] | None = None, shards: int = 2,
                 w.write(packets[k])
             w.commit(extra)
     return d
+
+
+def damage(path: Path, data: bytes) -> None:
+    """``data`` written over ``path`` in place: damaged test data, not a result (no atomic write:
+    tests/store/test_atomic.py lets this file alone write so)."""
+    path.write_bytes(data)
 
 
 def loader(d: Path, mode: str = "padded", **kw) -> Loader:
@@ -136,9 +144,12 @@ def command(argv: list[str], codes=(1, 2)) -> str:
     return f"exit {code}: {(err.getvalue() or out.getvalue()).strip().splitlines()[-1][:120]}"
 
 
-def child(code: str, *args: str) -> str:
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
-                       text=True, timeout=300)
+def child(code: str, *args: str, timeout: float = 300) -> str:
+    try:
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args],
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise NotHandled(f"hung: the child process was killed after {timeout:g} s") from None
     if r.returncode != 0:
         raise NotHandled(f"child exit {r.returncode}: {r.stderr[-300:]}")
     return r.stdout.strip().splitlines()[-1][:160]
@@ -333,155 +344,10 @@ def _not_dict(tmp):
     return refused(lambda: loader(d).load_state_dict([1, 2]))
 
 
-# ------------------------------------------------------------------- files changed under a reader
-_CUT = """
-    import os, sys
-    from ndp.loader.loader import Loader
-    from ndp.errors import ShardChangedError
-    ld = Loader(sys.argv[1], batch_size=2, seq_len=16, shuffle=False, backend="cpu",
-                output="arrays", prefetch=0, chunk_batches=1, mode=sys.argv[2])
-    it = iter(ld)
-    next(it)
-    for name in os.listdir(sys.argv[1]):
-        if name.endswith(".ndp"):
-            os.truncate(os.path.join(sys.argv[1], name), 40)
-    try:
-        for _ in it:
-            pass
-    except ShardChangedError as exc:
-        print("ShardChangedError:", str(exc)[:120])
-        sys.exit(0)
-    sys.exit(5)
-"""
-for _mode in ("padded", "packed"):
-    def _cut(tmp, mode=_mode) -> str:
-        return child(_CUT, str(dataset(tmp / "d")), mode)
-    case("files", f"every shard cut in place under a running {_mode} loader")(_cut)
-
-
-@case("files", "300 shards under ulimit -n 256")
-def _many(tmp):
-    d = tmp / "d"
-    d.mkdir()
-    for i in range(300):
-        with ShardWriter(d, prefix=f"s{i:03d}") as w:
-            w.write(encode_tokens(np.arange(5) + 1000 * i))
-    return child("""
-        import resource, sys
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-        from ndp.loader.loader import Loader
-        ld = Loader(sys.argv[1], batch_size=4, seq_len=8, backend="cpu", output="arrays")
-        n = sum(1 for _ in ld)
-        print(f"{n} batches, {ld.stats.valid} packets")
-    """, str(d))
-
-
-@case("files", "100 loaders opened, read and closed: descriptors held afterwards")
-def _closed(tmp):
-    d = dataset(tmp / "d")
-    before = len(os.listdir("/proc/self/fd"))
-    for _ in range(100):
-        batches(loader(d))
-    held = len(os.listdir("/proc/self/fd")) - before
-    if held > 2:
-        raise NotHandled(f"{held} descriptors held")
-    return f"{held} descriptors held"
-
-
-# ---------------------------------------------------------------------------------- values
-@case("values", "an int32 token with its top bit set")
-def _top_bit(tmp):
-    packets = ramp_packets()
-    packets[4] = encode_packet(np.array([4000, 2**32 - 1], ">u4").tobytes(), typ=Typ.TOKEN_IDS)
-    ld = loader(dataset(tmp / "d", packets))
-    got = batches(ld)
-    if any((b["input_ids"] >= 2**31).any() for b in got):
-        raise NotHandled("delivered")
-    return f"dropped, counted: {ld.stats.corrupt}"
-
-
-@case("values", "a zero-token packet")
-def _empty(tmp):
-    packets = ramp_packets()
-    packets[4] = encode_tokens(np.zeros(0, np.int64))
-    ld = loader(dataset(tmp / "d", packets))
-    got = batches(ld)
-    if any((b["attention_mask"].sum(axis=1) == 0).any() for b in got):
-        raise NotHandled("an all-padding row")
-    return f"dropped, counted: {ld.stats.corrupt}"
-
-
-@case("values", "ids past the manifest's vocabulary size")
-def _vocab(tmp):
-    ld = loader(dataset(tmp / "d", extra={"tokenizer": {"vocab_size": 20000}}))
-    got = batches(ld)
-    if any((b["input_ids"] >= 20000).any() for b in got):
-        raise NotHandled("delivered")
-    return f"dropped, counted: {ld.stats.corrupt}"
-
-
-# ------------------------------------------------------------------------------------- misuse
-@case("misuse", "two threads iterating one Loader")
-def _two_threads(tmp):
-    ld = loader(dataset(tmp / "d"))
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            for _ in ld:
-                time.sleep(0.001)
-        except BaseException as exc:  # noqa: BLE001 - collected
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    ld.close()
-    if any(not isinstance(e, NDPError) for e in errors) or not errors:
-        raise NotHandled(f"{errors!r}")
-    return f"{type(errors[0]).__name__}: {str(errors[0])[:100]}"
-
-
-@case("misuse", "next() after close()")
-def _after_close(tmp):
-    ld = loader(dataset(tmp / "d"))
-    it = iter(ld)
-    next(it)
-    ld.close()
-    return refused(lambda: next(it))
-
-
-@case("misuse", "batch_size=2.5")
-def _float_batch(tmp):
-    return refused(lambda: Loader(dataset(tmp / "d"), batch_size=2.5, seq_len=8))
-
-
-# --------------------------------------------------------------------------------- the CLI
-@case("command line", "ndp inspect nosuchdir")
-def _inspect_missing(tmp):
-    return command(["inspect", str(tmp / "nosuchdir")], codes=(2,))
-
-
-@case("command line", "ndp index nosuchdir")
-def _index_missing(tmp):
-    return command(["index", str(tmp / "nosuchdir")], codes=(2,))
-
-
-@case("command line", "ndp export -o <existing dir> --overwrite")
-def _export_dir(tmp):
-    d = dataset(tmp / "d")
-    (tmp / "out").mkdir()
-    return command(["export", str(d), "-o", str(tmp / "out"), "--overwrite", "--no-progress"],
-                   codes=(2,))
-
-
-@case("command line", "ndp verify with an unreadable index")
-def _unreadable(tmp):
-    d = dataset(tmp / "d")
-    sorted(d.glob("*.idx"))[0].write_bytes(b"\x00" * 10)
-    return command(["verify", str(d)], codes=(1,))
+# ------------------------------------------------------------------ more cases, in their module
+# files, values, misuse, the command line, then issue 28's classes: registered into CASES when
+# imported, after the groups above (it imports its helpers from this module); the shards after
+import bad_inputs_more  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------------- the shards

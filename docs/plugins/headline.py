@@ -77,6 +77,28 @@ def _gpu_row(r: Result, loader: bool, page: str | None) -> list[str]:
                       for k, v in rows.items()), "", link(r.name, page)]
 
 
+def _gpu_host_row(r: Result, before: Result | None, page: str | None) -> list[str]:
+    """The GPU Loader's host side on the null device (``gpu_host.py``), resident shards."""
+    def per_mode(result: Result) -> dict:
+        return {d.get("mode"): d for d in result.report["results"]
+                if isinstance(d, dict) and d.get("source") == "resident"}
+
+    c = r.report.get("config") or {}
+    rows = per_mode(r)
+    ours = "; ".join(f"{m}: {fmt(d.get('host_us_per_batch'), digits=0)} us a batch "
+                     f"({fmt(d.get('ceiling_tokens_per_s'), 1e9, 2)} G tokens/s), "
+                     f"{fmt(d.get('cpu_s_per_billion_tokens'), digits=2)} CPU-s per 1e9 tokens"
+                     for m, d in rows.items())
+    then = ""
+    if before is not None:
+        then = "the same before this round of host fixes: " + "; ".join(
+            f"{m}: {fmt(d.get('host_us_per_batch'), digits=0)} us"
+            for m, d in per_mode(before).items())
+    return [f"GPU Loader's host side, device calls counted not made (`benchmarks/gpu_host.py`), "
+            f"resident shards, {c.get('batch', '?')} x {c.get('seq', '?')}", ours, then,
+            link(r.name, page)]
+
+
 def _loss_difference(value) -> str:
     """The A/B's largest loss difference between the feeds, in words."""
     if not results.is_number(value):
@@ -111,6 +133,10 @@ def markdown(all_results: list[Result], page: str | None) -> str:
     for r in gpu:
         rows.append(_gpu_row(r, bool(gpu_loader), page))
         used.append(r)
+    host = featured("gpu-host", all_results) if of_kind(all_results, "gpu-host") else []
+    if host:
+        rows.append(_gpu_host_row(host[0], host[1] if len(host) > 1 else None, page))
+        used.append(host[0])
     for r in featured("bad-inputs", all_results) if of_kind(all_results, "bad-inputs") else []:
         rows.append(["Damaged, stale, cut and misused inputs (`benchmarks/bad_inputs.py`)",
                      f"{r.report.get('handled', '?')} of {r.report.get('tried', '?')} cases "

@@ -38,7 +38,7 @@ FEATURED = {
     # the default corpus (2 KB documents) first; the run of 40-byte documents after it
     "shuffle": ["shuffle-20261126-124612.json", "shuffle-20261126-124754.json"],
     # after issue 27's host fixes, then the same benchmark on the code before them
-    "gpu-host": ["gpu-host-20261126-140747.json", "gpu-host-20261126-140840-at-d34480e.json"],
+    "gpu-host": ["gpu-host-20261126-150300.json", "gpu-host-20261126-140840-at-d34480e.json"],
 }
 
 
