@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ndp.engine.cpu import CpuEngine, Slot, Staged, TooManyShards
+from ndp.errors import IndexMismatchError
 from ndp.loader.layout import Layout, packed_layout, packing_layout, padded_layout
 from ndp.loader.plan import Plan
 
@@ -75,7 +76,15 @@ class ChunkDecoder:
             verdicts = engine.read_verdicts(slot, staged.n)
             if not self.stager.checks_headers:  # an index matched by size alone: refuse a
                 # lie, from the bytes staged on the host (a GPU's stage checks as it copies)
-                plan.corpus.check_headers(packets, staged.data, staged.offsets, entries)
+                try:
+                    plan.corpus.check_headers(packets, staged.data, staged.offsets, entries)
+                except IndexMismatchError:
+                    # entries read one by one before their index's first-use check: make it
+                    # (a lie is rescanned, with a warning, or refused) and stage again; a lie
+                    # in a checked index is refused now
+                    if entries is None or not plan.corpus.settle(packets):
+                        raise
+                    continue
             layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final)
             if layout.batches or layout.end is not None or q >= n:
                 break

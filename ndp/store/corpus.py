@@ -261,6 +261,19 @@ class Corpus:
                           at=None if at is None else at[mine],
                           numbers=None if entries is None else local)
 
+    def settle(self, packets: np.ndarray) -> bool:
+        """Make the first-use check of the indexes of ``packets``' shards that were not checked
+        yet (a chunk read their entries one by one, ``LazyIndex.read_at``): an index that fails
+        it is rescanned, with a warning, or refused (``IndexMismatchError``). Whether any was
+        checked now: then the packets' entries may read otherwise, and are worth reading again."""
+        checked = False
+        for s in np.unique(self.shard_of(packets)).tolist():
+            index = self.indexes[s]
+            if not getattr(index, "loaded", True):
+                index.passing(slice(0, 0))  # the whole index read and checked, not held
+                checked = True
+        return checked
+
     def will_read(self, share: Any, pos: int, end: int | None = None) -> None:
         """A reader will read the packets ``share[:end]`` in order, from position ``pos`` on:
         remote datasets fetch their shards in that order (``ndp.store.prefetch``). Nothing for

@@ -319,3 +319,47 @@ def test_a_padded_batch_with_no_row_is_counted_and_warned_about_once(corpus, bac
     assert dropped >= len(DAMAGED) and rows.count(0) == dropped
     assert loader.stats.empty_batches == dropped == loader.stats.as_dict()["empty_batches"]
     assert len(rows) == N_PACKETS
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_first_chunk_read_entry_by_entry_from_a_lying_index_is_read_again(tmp_path,
+                                                                             monkeypatch, mode):
+    """An index whose LEN fields are all zero (its size and crc32 still match). While its
+    window's table is built, the first chunk reads its entries one by one, before the index's
+    first-use check: the header check refused the chunk, or, when the table came first, the
+    check rescanned the shard and the batches were exact (one or the other, run to run). Now
+    the chunk makes the check (a rescan, with a warning) and is staged again: always exact."""
+    import shutil
+    import time
+
+    from ndp.loader import share_entries
+    from ndp.store.index import read_index, write_index
+
+    intact = tmp_path / "intact"
+    packets = [s.encode() for s in ramp_specs(LENGTHS, masked=[k % 4 == 1 for k in range(90)])]
+    write_shards(intact, packets[:45], prefix="a")
+    write_shards(intact, packets[45:], prefix="b")
+    lying = tmp_path / "lying"
+    shutil.copytree(intact, lying)
+    for idx in sorted(lying.glob("*.idx")):
+        index = read_index(idx)
+        entries = index.entries.copy()
+        entries["length"] = 0
+        write_index(idx, entries, index.shard_size, index.shard_crc32, index.data_offset)
+    kw = dict(mode=mode, batch_size=2, seq_len=8, backend="cpu", seed=5, chunk_batches=4,
+              output="arrays", manifest="ignore")
+    want = [{k: v.copy() for k, v in b.items()} for b in Loader(intact, **kw)]
+    real = share_entries.ShareEntries.prepare
+
+    def slow(self, k):  # the warmer's build comes after the first chunk, every time
+        time.sleep(0.5)
+        return real(self, k)
+
+    monkeypatch.setattr(share_entries.ShareEntries, "prepare", slow)
+    with pytest.warns(UserWarning, match="scanning the shard instead"):
+        loader = Loader(lying, **kw)
+        got = [{k: v.copy() for k, v in b.items()} for b in loader]
+    assert loader.corpus.shards and len(got) == len(want) > 0
+    for x, y in zip(got, want):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
