@@ -170,7 +170,7 @@ def test_the_first_decode_after_a_resident_copy_sees_the_whole_shard():
         assert_equal_padded(got, want)
 
 
-def test_a_torch_consumer_on_its_own_stream_reads_its_batch_not_the_next():
+def test_a_torch_consumer_on_its_own_stream_reads_its_batch_not_the_next(tmp_path):
     """F7/F8 on a device: with torch's current stream a side stream that is kept busy, every
     batch's sum, taken on that stream, equals the CPU backend's (no batch is overwritten or
     read before its chunk is built, however far the producer runs ahead)."""
@@ -179,7 +179,7 @@ def test_a_torch_consumer_on_its_own_stream_reads_its_batch_not_the_next():
     import ndp
 
     stream = big_stream(3000, seed=5)
-    root = Path(__import__("tempfile").mkdtemp(prefix="ndp-order-"))
+    root = tmp_path
     (root / "s.ndp").write_bytes(stream.data)
     kw = dict(mode="packed", batch_size=4, seq_len=256, seed=1, chunk_batches=4,
               manifest="ignore")
