@@ -61,6 +61,10 @@ class ChunkDecoder:
                 q = own_end
             packets = share[pos:q]
             tables = getattr(share, "tables", None)  # a RankOrder's own entries, if held
+            if tables is not None and self.stager.checks_headers:
+                # a GPU's stage reads these shards' indexes whole as it copies them: check them
+                # first (a lie rescanned or refused), so no entry below is read unchecked
+                plan.corpus.settle(packets)
             entries = tables.entries(pos, q) if tables is not None else None
             try:
                 staged = self.stager.stage(packets, slot, entries)

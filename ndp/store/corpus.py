@@ -266,12 +266,20 @@ class Corpus:
         yet (a chunk read their entries one by one, ``LazyIndex.read_at``): an index that fails
         it is rescanned, with a warning, or refused (``IndexMismatchError``). Whether any was
         checked now: then the packets' entries may read otherwise, and are worth reading again."""
+        settled = getattr(self, "_settled", None)
+        if settled is None:
+            settled = self._settled = np.array(
+                [getattr(index, "loaded", True) for index in self.indexes], bool)
+        if settled.all():  # every index checked: nothing to do (a steady loop's case)
+            return False
         checked = False
-        for s in np.unique(self.shard_of(packets)).tolist():
+        shards = np.unique(self.shard_of(packets))
+        for s in shards[~settled[shards]].tolist():
             index = self.indexes[s]
             if not getattr(index, "loaded", True):
                 index.passing(slice(0, 0))  # the whole index read and checked, not held
                 checked = True
+            settled[s] = True
         return checked
 
     def will_read(self, share: Any, pos: int, end: int | None = None) -> None:
