@@ -486,11 +486,11 @@ def test_gpu_host_quick_run_counts_every_device_call_per_chunk(tmp_path):
         assert r["host_us_per_batch"] > 0 and r["cpu_us_per_batch"] > 0 and chunks >= 4
         assert per_chunk["event_create"] == 0 and r["counters_per_batch"]["events_created"] == 0
         assert per_chunk["stream_synchronize"] == 0
-        assert per_chunk["launch"] <= 2.1  # a chunk whose drops left too few tokens reads again
+        assert per_chunk["launch"] <= 2.1  # (+1 for a chunk the close cut short, or a retry)
         assert 0.9 <= per_chunk["current_stream_query"] <= 1.1  # one per chunk served
         if r["source"] == "resident":
-            assert per_chunk["event_synchronize"] <= 1.0  # the verdicts
+            assert per_chunk["event_synchronize"] <= 1.1  # the verdicts (+1 for a chunk cut by close)
             assert per_chunk["stream_wait_event"] <= 2.1  # consumer's wait, producer's wait
             assert per_chunk["event_record"] <= 3.1  # verdicts, chunk ready, release
-            assert per_chunk["memcpy_h2d"] <= 3.0 and per_chunk["memcpy_d2h"] <= 1.0
+            assert per_chunk["memcpy_h2d"] <= 3.1 and per_chunk["memcpy_d2h"] <= 1.1
     assert set(report["targets_met"]) == {"host_us_per_batch", "cpu_s_per_billion_tokens"}
