@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         data = write_dataset(Path(tmp), tokens=args.tokens, doc_tokens=args.doc_tokens,
                              shard_mb=args.shard_mb)
         corpus = Corpus(data, manifest="ignore")
-        truth = null_device.verdicts_of(data, manifest="ignore")
+        truth = null_device.verdicts_of(corpus)
         report["config"].update(packets=len(corpus), shards=len(corpus.shards))
         for mode in args.modes.split(","):
             for resident in (False, True):

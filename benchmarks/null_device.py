@@ -159,13 +159,12 @@ def shards_class() -> type:
     return NullShards
 
 
-def verdicts_of(path: Any, **options: Any) -> np.ndarray:
-    """Every packet's verdict as the CPU backend gives it (by global packet number)."""
+def verdicts_of(corpus: Any) -> np.ndarray:
+    """Every packet of ``corpus`` (an ``ndp.store.corpus.Corpus``): its verdict as the CPU
+    backend gives it (by global packet number)."""
     from ndp.engine.cpu import CpuEngine, Slot
     from ndp.loader.stage import HostStager
-    from ndp.store.corpus import Corpus
 
-    corpus = Corpus(path, **options)
     engine, stager, slot = CpuEngine(), HostStager(corpus), Slot(0)
     out = np.empty(len(corpus), np.int64)
     step = 1 << 16

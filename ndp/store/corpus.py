@@ -215,6 +215,8 @@ class Corpus:
         #: whether every entry was checked against its packet's header when loaded ("full");
         #: else ``check_headers`` checks the packets as they are decoded
         self.headers_checked = verify == "full"
+        #: per shard, whether its index passed its first-use check (``settle``; made there)
+        self._settled: np.ndarray | None = None
         self.tokens = Column(self, "tokens")
         #: group number of each global packet (``groups[g]`` names it)
         self.shard_group = np.asarray(shard_group, np.int64)
@@ -263,10 +265,11 @@ class Corpus:
 
     def settle(self, packets: np.ndarray) -> bool:
         """Make the first-use check of the indexes of ``packets``' shards that were not checked
-        yet (a chunk read their entries one by one, ``LazyIndex.read_at``): an index that fails
+        yet (a chunk read their entries one by one, ``LazyIndex.read_at``), and hold their
+        entries for the chunk that reads them next: an index that fails
         it is rescanned, with a warning, or refused (``IndexMismatchError``). Whether any was
         checked now: then the packets' entries may read otherwise, and are worth reading again."""
-        settled = getattr(self, "_settled", None)
+        settled = self._settled
         if settled is None:
             settled = self._settled = np.array(
                 [getattr(index, "loaded", True) for index in self.indexes], bool)
@@ -277,7 +280,8 @@ class Corpus:
         for s in shards[~settled[shards]].tolist():
             index = self.indexes[s]
             if not getattr(index, "loaded", True):
-                index.passing(slice(0, 0))  # the whole index read and checked, not held
+                index.entries  # noqa: B018 - read whole, checked, and held (within the
+                # entry cache's budget): the chunk's stage reads them next (a GPU's copy, whole)
                 checked = True
             settled[s] = True
         return checked
