@@ -4,7 +4,9 @@
     python benchmarks/gpu_check.py --list     # the steps, without running them
     python benchmarks/gpu_check.py --out benchmarks/results   # adds to the project's record
 
-Steps, each in its own process with its own time limit, all of them whatever an earlier one did:
+Steps, each in its own process with its own time limit, all of them whatever an earlier one did
+(``--steps`` picks some); steps 2-4 time nothing, so they run side by side, then the benchmarks
+one at a time:
 
 1. ``preflight``: a CUDA device Numba can use, CuPy, torch with CUDA and a NumPy that the
    installed numba-cuda works with; anything missing fails here, with what to install, instead
@@ -41,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from results_dir import add_out_argument
@@ -148,15 +151,62 @@ def verdict(name: str, rc: int, out: str) -> tuple[bool, str]:
     return rc == 0, wrote[-1] if wrote else last
 
 
+#: steps that time nothing: run side by side, before the benchmarks
+CONCURRENT = ("gpu-tests", "device-equality", "memcheck")
+
+
+def _step(name: str, cmd: list[str], limit: int, *, found: str | None, devices: int, env: dict,
+          results: Path, stamp: str, left: float) -> tuple[str, bool | None, float, str]:
+    """Run one step within ``limit`` and the ``left`` seconds of the budget; its summary row
+    (printed as it ends). A failed step's output, and memcheck's always, is kept in ``results``."""
+    t = time.time()
+
+    def row(ok: bool | None, line: str) -> tuple[str, bool | None, float, str]:
+        word = "SKIP" if ok is None else "PASS" if ok else "FAIL"
+        print(f"{word}  {name:18s} {time.time() - t:6.1f} s  {line}", flush=True)
+        return name, ok, time.time() - t, line
+
+    if name == "memcheck" and found is None:
+        return row(False, NO_SANITIZER)
+    if name == "two-ranks" and devices < 2:
+        return row(None, f"not run: {devices} GPU (it needs 2)")
+    limit = int(min(limit, left))
+    if limit < 10:
+        return row(False, "not run: the time budget was spent")
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=limit)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc = 124
+        out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+            else (exc.stdout or "")
+        out += f"\n(timed out after {limit} s)"
+    ok, line = verdict(name, rc, out)
+    if rc == 124:
+        ok, line = False, f"timed out after {limit} s; {line}"
+    log = results / f"{'memcheck' if name == 'memcheck' else 'gpu-check-' + name}-{stamp}.log"
+    if name == "memcheck" or not ok:
+        from ndp.store.atomic import atomic_write
+
+        atomic_write(log, f"$ {' '.join(cmd)}\n(exit {rc})\n{out}")
+    return row(ok, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="print the steps and exit")
     ap.add_argument("--budget", type=float, default=570.0,
                     help="seconds for the whole check (a device call allows 600); a step "
                          "left without time fails as not run")
+    ap.add_argument("--steps", nargs="+", metavar="NAME", default=None,
+                    help="run only these steps (default: all; --list names them)")
     add_out_argument(ap)
     args = ap.parse_args(argv)
     results = args.out.absolute()  # the steps run in the repository root
+    names = [name for name, _, _ in steps("compute-sanitizer", results)]
+    if unknown := sorted(set(args.steps or ()) - set(names)):
+        ap.error(f"no step {', '.join(unknown)}: the steps are {', '.join(names)}")
     if args.list:
         for name, cmd, limit in steps(sanitizer() or "compute-sanitizer", results):
             print(f"{name:18s} {limit:4d} s  {' '.join(cmd)}")
@@ -176,41 +226,21 @@ def main(argv: list[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     before = set(results.iterdir())
     found, devices = sanitizer(), gpus()
-    for name, cmd, limit in steps(found or "compute-sanitizer", results):
-        t = time.time()
-        if name == "memcheck" and found is None:
-            summary.append((name, False, 0.0, NO_SANITIZER))
-            print(f"FAIL  {name:18s} {NO_SANITIZER}", flush=True)
-            continue
-        if name == "two-ranks" and devices < 2:
-            summary.append((name, None, 0.0, f"not run: {devices} GPU (it needs 2)"))
-            print(f"SKIP  {name:18s} not run: {devices} GPU (it needs 2)", flush=True)
-            continue
-        limit = int(min(limit, args.budget - (t - start)))
-        if limit < 10:
-            summary.append((name, False, 0.0, "not run: the time budget was spent"))
-            print(f"FAIL  {name:18s} not run: the time budget was spent", flush=True)
-            continue
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=limit)
-            rc, out = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc = 124
-            out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
-                else (exc.stdout or "")
-            out += f"\n(timed out after {limit} s)"
-        ok, line = verdict(name, rc, out)
-        if rc == 124:
-            ok, line = False, f"timed out after {limit} s; {line}"
-        log = results / f"{'memcheck' if name == 'memcheck' else 'gpu-check-' + name}-{stamp}.log"
-        if name == "memcheck" or not ok:
-            from ndp.store.atomic import atomic_write
-
-            atomic_write(log, f"$ {' '.join(cmd)}\n(exit {rc})\n{out}")
-        summary.append((name, ok, time.time() - t, line))
-        print(f"{'PASS' if ok else 'FAIL'}  {name:18s} {time.time() - t:6.1f} s  {line}",
-              flush=True)
+    chosen = [s for s in steps(found or "compute-sanitizer", results)
+              if not args.steps or s[0] in args.steps]
+    # the checks time nothing, so they share the device (and the call's minutes); the
+    # benchmarks then run one at a time, alone on it
+    checks = [s for s in chosen if s[0] in CONCURRENT]
+    with ThreadPoolExecutor(max_workers=max(len(checks), 1)) as pool:
+        done = list(pool.map(lambda s: _step(*s, found=found, devices=devices, env=env,
+                                              results=results, stamp=stamp,
+                                              left=args.budget - (time.time() - start)),
+                             checks))
+    for step in chosen:
+        if step[0] not in CONCURRENT:
+            done.append(_step(*step, found=found, devices=devices, env=env, results=results,
+                              stamp=stamp, left=args.budget - (time.time() - start)))
+    summary.extend(done)
     new = sorted(p.name for p in set(results.iterdir()) - before)
     _report(summary, new, results, start)
     return 0 if all(ok is not False for _, ok, _, _ in summary) else 1

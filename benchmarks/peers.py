@@ -45,6 +45,7 @@ and cuFile). ``shuffle_quality.py`` compares MosaicML's shuffle.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -53,6 +54,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+#: what the pinned peers need beyond a GPU machine's usual packages (torch, requests, ...): with
+#: ``NDP_PEER_WHEELS=<folder of wheels>`` (no package index there) these come from it too
+DEPS = {"boto3", "botocore", "s3transfer", "jmespath", "obstore"}
 #: the peers' environments, made on first use: folder, pinned packages, and whether it sees the
 #: system's site packages (then torch and NumPy are held at the installed versions)
 ENVS = {
@@ -89,6 +93,8 @@ def python(env: str = "peers") -> Path:
     """The interpreter of the peers' environment ``env``, made (venv + pinned installs) on first
     use."""
     folder, packages, system = ENVS[env]
+    if os.environ.get("NDP_PEER_WHEELS") and system:
+        return _offline(packages, Path(os.environ["NDP_PEER_WHEELS"]))
     exe = folder / "bin" / "python"
     marker = folder / "installed.json"
     if exe.exists() and marker.exists() and json.loads(marker.read_text()) == packages:
@@ -108,6 +114,24 @@ def python(env: str = "peers") -> Path:
     subprocess.run([str(exe), "-m", "pip", "install", "-q", *pins, *packages], check=True)
     atomic_write(marker, json.dumps(packages))
     return exe
+
+
+def _offline(packages: list[str], wheels: Path) -> Path:
+    """A machine that reaches no package index (the lent GPU, bare, given back after): the
+    carried wheels of ``packages`` (and ``DEPS``), as they are, into this interpreter's own
+    environment, whose torch is the machine's CUDA build; a package with no wheel there is named,
+    and its pipelines fail."""
+    def named(wheel: Path, package: str) -> bool:
+        return wheel.name.lower().startswith(package.split("==")[0].replace("-", "_") + "-")
+
+    found = [w for w in sorted(wheels.glob("*.whl"))
+             if any(named(w, p) for p in packages) or w.name.split("-")[0].lower() in DEPS]
+    missing = [p for p in packages if not any(named(w, p) for w in found)]
+    print(f"offline: installing {' '.join(w.name for w in found)} from {wheels}; no wheel, so "
+          f"their pipelines fail: {' '.join(missing) or 'none'}", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    *map(str, found)], check=True)
+    return Path(sys.executable)
 
 
 def kind(name: str) -> str:

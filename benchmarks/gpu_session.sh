@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One lent GPU's checks in one device call (the device tool allows 10 minutes a call and 15 a
+# session, so this ends by itself after --budget seconds, 540 by default):
+#
+#   1. set-up from carried wheels (the machine reaches no package index): NumPy 2.4.x first
+#      (numba-cuda 0.30 fails on 2.5), then ndp itself (editable, no dependencies);
+#   2. benchmarks/gpu_check.py: the gpu tests, the device-equality tests and memcheck side by
+#      side, then bench_gpu_loader.py alone on the device;
+#   3. benchmarks/train_gpt2.py at GPT-2-small size: ndp on the GPU, torchdata (the fastest peer
+#      of bench_loaders.py, from a carried wheel) and ndp on the CPU, in the time left.
+#
+# Usage, on the lent machine from the repository root, with the wheels in .whl/ (ignored by git;
+# the device tool's README says how to download them for it):
+#
+#   bash benchmarks/gpu_session.sh [--budget SECONDS]
+#
+# Everything goes to $OUT (the device tool's folder; ./ndp-results elsewhere): the results files
+# (gpu-loader-*.json, train-gpt2-*.json, memcheck-*.log) and gpu-session.log; the logs of
+# failed steps are packed into gpu-session-logs.tgz, so that few files come back.
+set -u
+budget=540
+[ "${1:-}" = "--budget" ] && budget=$2
+OUT=${OUT:-ndp-results}
+WHEELS=${WHEELS:-.whl}
+RES=$(mktemp -d)
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu-session.log") 2>&1
+left() { echo $((budget - SECONDS)); }
+
+echo "== set-up ($(date -u +%FT%TZ))"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$WHEELS"/numpy-2.4*.whl || exit 1
+export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+export NDP_PEER_WHEELS=$PWD/$WHEELS PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader
+python3 - <<'EOF'
+import numpy, numba, torch, cupy
+from importlib.metadata import version
+print(f"numpy {numpy.__version__}, numba {numba.__version__}, numba-cuda {version('numba-cuda')},"
+      f" cupy {cupy.__version__}, torch {torch.__version__}, cuda {torch.version.cuda}")
+EOF
+
+echo "== gpu_check ($(left) s left)"
+python3 benchmarks/gpu_check.py --out "$RES" --budget $(( $(left) - 230 > 150 ? $(left) - 230 : 150 )) \
+    --steps gpu-tests device-equality memcheck bench-gpu-loader
+
+echo "== train_gpt2 ($(left) s left)"
+timeout $(( $(left) - 15 )) python3 benchmarks/train_gpt2.py \
+    --feeds ndp-gpu-packed torchdata-0w ndp-cpu-packed --steps 100 --warmup 15 --out "$RES"
+
+echo "== results ($(left) s left)"
+cp "$RES"/*.json "$RES"/memcheck-*.log "$OUT"/ 2>/dev/null
+(cd "$RES" && ls *.log >/dev/null 2>&1 && tar czf "$OUT/gpu-session-logs.tgz" *.log)
+ls -la "$OUT"
