@@ -138,11 +138,16 @@ def prepare(work: Path, *, max_files: int | None, large_tokens: int) -> dict:
     for i, part in enumerate(np.array_split(stream, 4)):  # per-rank style files
         part.tofile(work / "bin" / f"train_{i:03d}.bin")
     stream.tofile(work / "all.bin")
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.Dataset.from_dict({"input_ids": [d.tolist() for d in token_docs]}).save_to_disk(
-        str(work / "arrow"))
+    try:
+        import datasets
+    except ImportError:  # a machine without it (the lent GPU): every pipeline but hf-datasets
+        datasets = None
+        print("datasets is not installed: no Arrow copy, so the hf-datasets pipeline cannot run",
+              flush=True)
+    else:
+        datasets.disable_progress_bars()
+        datasets.Dataset.from_dict({"input_ids": [d.tolist() for d in token_docs]}).save_to_disk(
+            str(work / "arrow"))
 
     # the large set: the same documents repeated to >= large_tokens tokens
     reps = max(1, -(-large_tokens // n_tokens))
@@ -164,8 +169,9 @@ def prepare(work: Path, *, max_files: int | None, large_tokens: int) -> dict:
         lines = "".join(json.dumps({"text": d}) + "\n" for d in docs)
         for _ in range(reps):
             f.write(lines)
-    small = datasets.load_from_disk(str(work / "arrow"))
-    datasets.concatenate_datasets([small] * reps).save_to_disk(str(big / "arrow"))
+    if datasets is not None:
+        small = datasets.load_from_disk(str(work / "arrow"))
+        datasets.concatenate_datasets([small] * reps).save_to_disk(str(big / "arrow"))
     return {"tokenizer": str(tok_dir), "documents": len(docs), "tokens": n_tokens,
             "large_tokens": n_tokens * reps, "large_repeats": reps, "eos": int(eos),
             "pad": int(tok.pad_token_id)}

@@ -7,12 +7,16 @@
 #   2. benchmarks/gpu_check.py: the gpu tests, the device-equality tests and memcheck side by
 #      side, then bench_gpu_loader.py alone on the device;
 #   3. benchmarks/train_gpt2.py at GPT-2-small size: ndp on the GPU, torchdata (the fastest peer
-#      of bench_loaders.py, from a carried wheel) and ndp on the CPU, in the time left.
+#      of bench_loaders.py, from a carried wheel) and ndp on the CPU;
+#   4. benchmarks/bench_loaders.py --quick: ndp on the GPU and on the CPU against torchdata,
+#      litdata, nanoGPT's get_batch and the threaded NumPy loader, every batch on the GPU, in
+#      the time left.
 #
 # Usage, on the lent machine from the repository root, with the wheels in .whl/ (ignored by git;
 # the device tool's README says how to download them for it):
 #
 #   bash benchmarks/gpu_session.sh [--budget SECONDS]
+#   CHECKS="gpu-tests device-equality" bash benchmarks/gpu_session.sh   # gpu_check's steps
 #
 # Everything goes to $OUT (the device tool's folder; ./ndp-results elsewhere): the results files
 # (gpu-loader-*.json, train-gpt2-*.json, memcheck-*.log) and gpu-session.log; the logs of
@@ -43,11 +47,16 @@ EOF
 
 echo "== gpu_check ($(left) s left)"
 python3 benchmarks/gpu_check.py --out "$RES" --budget $(( $(left) - 230 > 150 ? $(left) - 230 : 150 )) \
-    --steps gpu-tests device-equality memcheck bench-gpu-loader
+    --steps ${CHECKS:-gpu-tests device-equality memcheck bench-gpu-loader}
 
 echo "== train_gpt2 ($(left) s left)"
-timeout $(( $(left) - 15 )) python3 benchmarks/train_gpt2.py \
+timeout $(( $(left) - 150 > 60 ? $(left) - 150 : 60 )) python3 benchmarks/train_gpt2.py \
     --feeds ndp-gpu-packed torchdata-0w ndp-cpu-packed --steps 100 --warmup 15 --out "$RES"
+
+echo "== bench_loaders ($(left) s left)"
+timeout $(( $(left) - 15 > 30 ? $(left) - 15 : 30 )) python3 benchmarks/bench_loaders.py --quick \
+    --seconds 3 --pipelines ndp-gpu-padded ndp-gpu-packed ndp-cpu-packed torchdata-0w \
+    litdata-0w memmap-get-batch threaded-numpy --out "$RES"
 
 echo "== results ($(left) s left)"
 cp "$RES"/*.json "$RES"/memcheck-*.log "$OUT"/ 2>/dev/null
