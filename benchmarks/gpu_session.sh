@@ -17,6 +17,7 @@
 #
 #   bash benchmarks/gpu_session.sh [--budget SECONDS]
 #   CHECKS="gpu-tests device-equality" bash benchmarks/gpu_session.sh   # gpu_check's steps
+#   TRAIN=0 LOADERS=0 bash benchmarks/gpu_session.sh                     # without stage 3 / 4
 #
 # Everything goes to $OUT (the device tool's folder; ./ndp-results elsewhere): the results files
 # (gpu-loader-*.json, train-gpt2-*.json, memcheck-*.log) and gpu-session.log; the logs of
@@ -49,14 +50,18 @@ echo "== gpu_check ($(left) s left)"
 python3 benchmarks/gpu_check.py --out "$RES" --budget $(( $(left) - 230 > 150 ? $(left) - 230 : 150 )) \
     --steps ${CHECKS:-gpu-tests device-equality memcheck bench-gpu-loader}
 
-echo "== train_gpt2 ($(left) s left)"
-timeout $(( $(left) - 150 > 60 ? $(left) - 150 : 60 )) python3 benchmarks/train_gpt2.py \
-    --feeds ndp-gpu-packed torchdata-0w ndp-cpu-packed --steps 100 --warmup 15 --out "$RES"
-
-echo "== bench_loaders ($(left) s left)"
-timeout $(( $(left) - 15 > 30 ? $(left) - 15 : 30 )) python3 benchmarks/bench_loaders.py --quick \
-    --seconds 3 --pipelines ndp-gpu-padded ndp-gpu-packed ndp-cpu-packed torchdata-0w \
-    litdata-0w memmap-get-batch threaded-numpy --out "$RES"
+reserve=$([ "${LOADERS:-1}" = 1 ] && echo 150 || echo 15)
+if [ "${TRAIN:-1}" = 1 ]; then
+    echo "== train_gpt2 ($(left) s left)"
+    timeout $(( $(left) - reserve > 60 ? $(left) - reserve : 60 )) python3 benchmarks/train_gpt2.py \
+        --feeds ndp-gpu-packed torchdata-0w ndp-cpu-packed --steps 100 --warmup 15 --out "$RES"
+fi
+if [ "${LOADERS:-1}" = 1 ]; then
+    echo "== bench_loaders ($(left) s left)"
+    timeout $(( $(left) - 15 > 30 ? $(left) - 15 : 30 )) python3 benchmarks/bench_loaders.py \
+        --quick --seconds 3 --pipelines ndp-gpu-padded ndp-gpu-packed ndp-cpu-packed \
+        torchdata-0w litdata-0w memmap-get-batch threaded-numpy --out "$RES"
+fi
 
 echo "== results ($(left) s left)"
 cp "$RES"/*.json "$RES"/memcheck-*.log "$OUT"/ 2>/dev/null
