@@ -115,7 +115,7 @@ def steps(sanitizer_path: str, out: Path) -> list[tuple[str, list[str], int]]:
         ("gpu-tests", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "gpu",
                        "-k", "not memcheck", "tests/engine/test_gpu_device.py"], 150),
         ("device-equality", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                             *DEVICE_TESTS], 150),
+                             "-m", "not simulator", *DEVICE_TESTS], 150),
         ("memcheck", [sanitizer_path, "--tool", "memcheck", "--report-api-errors", "no",
                       "--error-exitcode", "9", PY, "tests/kernels/hostile_run.py"], 150),
         ("bench-gpu-loader", [PY, "benchmarks/bench_gpu_loader.py", "--seconds", "3",

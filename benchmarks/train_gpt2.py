@@ -12,7 +12,8 @@ built: carry the peers' wheels (torchdata, litdata and theirs) and install them 
 ``--feeds ndp-gpu-packed ndp-cpu-packed threaded-numpy`` (no peer) in a device call of its own.
 
 The model: a decoder-only transformer in plain torch, 12 layers, d=768, 12 heads, T=1024, a
-vocabulary of 50,304 (GPT-2 small's 124 M parameters; the ids of the benchmark's 8,192-id BPE
+vocabulary of 50,304 (GPT-2 small's shape; 163 M parameters, as the output head is not tied to
+the embedding as GPT-2's is; the ids of the benchmark's 8,192-id BPE
 use the first rows), AdamW, bf16 autocast and ``torch.compile`` on a GPU (``compiled`` says
 whether it worked). Each feed trains from the same initial weights in a process of its own (the
 peers in their environments), on the documents of ``bench_loaders.py`` as packed windows of

@@ -68,9 +68,15 @@ def _own_count_cache(tmp_path_factory, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip ``gpu`` tests, saying why, unless a real CUDA device can be used."""
+    """Skip ``gpu`` tests, saying why, unless a real CUDA device can be used; and ``simulator``
+    tests (they spy on the simulator's classes) unless the simulator runs."""
     from ndp.engine.backend import cuda_unavailable_reason, simulated
 
+    if not simulated():
+        skip = pytest.mark.skip(reason="spies on Numba's CUDA simulator, which is not running")
+        for item in items:
+            if "simulator" in item.keywords:
+                item.add_marker(skip)
     reason = "running under the Numba CUDA simulator" if simulated() else cuda_unavailable_reason()
     if reason is None:
         return

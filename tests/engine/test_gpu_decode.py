@@ -13,7 +13,6 @@ from ndp.engine.reference import StreamExhausted
 from ndp.engine.decoder import CpuDecoder, Decoder
 from ndp.errors import ConfigError
 from ndp.engine.cuda_decoder import CudaDecoder
-from ndp.engine.backend import simulated
 from ndp.store.index import load_index
 from ndp.store.shard import Shard
 
@@ -201,8 +200,7 @@ def test_same_batches_from_both_backends_through_the_common_api():
                        a.decode_padded(a.resident(data), offsets, seq_len=8))
 
 
-@pytest.mark.skipif(not simulated(), reason="spies on the simulator's copy; on a device, "
-                    "test_gpu_device's first-decode-after-a-resident-copy test covers it")
+@pytest.mark.simulator  # on a device, test_gpu_device's first decode after a resident copy
 def test_a_resident_shard_is_copied_on_the_stream_the_kernels_run_on(monkeypatch, ramp_shard):
     """F4: the copy of a resident shard is queued on the decoder's compute stream, so the first
     decode after it is ordered after it (a copy on the legacy stream from pageable memory may
