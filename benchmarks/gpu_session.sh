@@ -9,8 +9,8 @@
 #   3. benchmarks/train_gpt2.py at GPT-2-small size: ndp on the GPU, torchdata (the fastest peer
 #      of bench_loaders.py, from a carried wheel) and ndp on the CPU;
 #   4. benchmarks/bench_loaders.py --quick: ndp on the GPU and on the CPU against torchdata,
-#      litdata, nanoGPT's get_batch and the threaded NumPy loader, every batch on the GPU, in
-#      the time left.
+#      litdata and nanoGPT's get_batch, every batch on the GPU, in the time left (DALI's wheel,
+#      hundreds of MB, is over what a device call carries).
 #
 # Usage, on the lent machine from the repository root, with the wheels in .whl/ (ignored by git;
 # the device tool's README says how to download them for it):
@@ -18,6 +18,7 @@
 #   bash benchmarks/gpu_session.sh [--budget SECONDS]
 #   CHECKS="gpu-tests device-equality" bash benchmarks/gpu_session.sh   # gpu_check's steps
 #   TRAIN=0 LOADERS=0 bash benchmarks/gpu_session.sh                     # without stage 3 / 4
+#   RESERVE=170 bash benchmarks/gpu_session.sh      # seconds gpu_check leaves to stages 3 and 4
 #
 # Everything goes to $OUT (the device tool's folder; ./ndp-results elsewhere): the results files
 # (gpu-loader-*.json, train-gpt2-*.json, memcheck-*.log) and gpu-session.log; the logs of
@@ -47,10 +48,11 @@ print(f"numpy {numpy.__version__}, numba {numba.__version__}, numba-cuda {versio
 EOF
 
 echo "== gpu_check ($(left) s left)"
-python3 benchmarks/gpu_check.py --out "$RES" --budget $(( $(left) - 230 > 150 ? $(left) - 230 : 150 )) \
+reserve=${RESERVE:-230}  # seconds kept for stages 3 and 4
+python3 benchmarks/gpu_check.py --out "$RES" --budget $(( $(left) - reserve > 150 ? $(left) - reserve : 150 )) \
     --steps ${CHECKS:-gpu-tests device-equality memcheck bench-gpu-loader}
 
-reserve=$([ "${LOADERS:-1}" = 1 ] && echo 150 || echo 15)
+reserve=$([ "${LOADERS:-1}" = 1 ] && echo 150 || echo 15)  # kept for stage 4
 if [ "${TRAIN:-1}" = 1 ]; then
     echo "== train_gpt2 ($(left) s left)"
     timeout $(( $(left) - reserve > 60 ? $(left) - reserve : 60 )) python3 benchmarks/train_gpt2.py \
@@ -60,7 +62,7 @@ if [ "${LOADERS:-1}" = 1 ]; then
     echo "== bench_loaders ($(left) s left)"
     timeout $(( $(left) - 15 > 30 ? $(left) - 15 : 30 )) python3 benchmarks/bench_loaders.py \
         --quick --seconds 3 --pipelines ndp-gpu-padded ndp-gpu-packed ndp-cpu-packed \
-        torchdata-0w litdata-0w memmap-get-batch threaded-numpy --out "$RES"
+        torchdata-0w litdata-0w memmap-get-batch --out "$RES"
 fi
 
 echo "== results ($(left) s left)"

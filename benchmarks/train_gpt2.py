@@ -139,6 +139,7 @@ def train_one(name: str, root: Path, cfg: dict) -> dict:
            "loss_first": losses[0], "loss_last": losses[-1]}
     if device == "cuda":
         out["peak_device_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        out["device_name"] = torch.cuda.get_device_name()
     return out
 
 

@@ -68,11 +68,22 @@ def _remote_row(r: Result, page: str | None) -> list[str]:
 
 
 def _gpu_row(r: Result, loader: bool, page: str | None) -> list[str]:
-    rows = {k: v for k, v in r.report["results"].items()
-            if isinstance(v, dict) and "padded" in k}
+    results = {k: v for k, v in r.report["results"].items() if isinstance(v, dict)}
     device = (r.report.get("device") or {}).get("name", "GPU not recorded")
-    what = "GPU Loader" if loader else "GPU decode calls, not the Loader"
-    return [f"{what}, padded rows, {device}",
+    if loader:  # ndp's GPU Loader, padded and packed; the ways people feed a GPU beside it
+        def row(k: str, v: dict) -> str:
+            return (f"{k.removeprefix('ndp_cuda_')}: {fmt(v.get('tokens_per_s'), 1e9, 2)} G "
+                    f"tokens/s, next() p50 {fmt(v.get('next_p50_us'), digits=1)} us, "
+                    f"{fmt(v.get('host_cpu_s_per_billion_tokens'), digits=2)} CPU-s per 1e9 "
+                    f"tokens")
+        ours = [row(k, v) for k, v in results.items() if k.startswith("ndp_cuda_")]
+        theirs = [f"{k}: {fmt(v.get('tokens_per_s'), 1e9, 2)} G tokens/s"
+                  for k, v in results.items() if not k.startswith("ndp_cuda_")]
+        config = r.report.get("config") or {}
+        return [f"GPU Loader, {config.get('batch')} x {config.get('seq')}, batches as torch "
+                f"tensors on {device}", "; ".join(ours), "; ".join(theirs), link(r.name, page)]
+    rows = {k: v for k, v in results.items() if "padded" in k}
+    return [f"GPU decode calls, not the Loader, padded rows, {device}",
             "; ".join(f"{k}: {fmt(v.get('tokens_per_s'), 1e9, 2)} G tokens/s"
                       for k, v in rows.items()), "", link(r.name, page)]
 
@@ -118,6 +129,26 @@ def _train_row(r: Result, page: str | None) -> list[str]:
                       for k, v in runs.items() if k != "ndp"), link(r.name, page)]
 
 
+def _train_gpt2_row(r: Result, page: str | None) -> list[str]:
+    rows = [d for d in r.report["rows"] if isinstance(d, dict)]
+    config = r.report.get("config") or {}
+    first = rows[0] if rows else {}
+    device = first.get("device_name") or first.get("device", "?")
+
+    def step(d: dict) -> str:
+        wait = d.get("wait_fraction")
+        return (f"{d.get('name', '?')}: {fmt(d.get('step_ms_mean'), digits=1)} ms per step, "
+                f"{fmt(100 * wait, digits=1) if results.is_number(wait) else 'n/a'}% of it "
+                "waiting for data")
+
+    ours = [step(d) for d in rows if str(d.get("name", "")).startswith("ndp-gpu")]
+    theirs = [step(d) for d in rows if not str(d.get("name", "")).startswith("ndp-gpu")]
+    return [f"Training, GPT-2-small shape ({fmt(first.get('parameters'), 1e6, 0)} M parameters), "
+            f"{config.get('B', '?')} x {config.get('T', '?')}, {config.get('steps', '?')} steps "
+            f"on {device}", "; ".join(ours), "; ".join(theirs),
+            link(r.name, page)]
+
+
 def markdown(all_results: list[Result], page: str | None) -> str:
     """The headline table and the commands behind it; links from ``page`` (None: the README)."""
     rows, used = [], []
@@ -132,6 +163,9 @@ def markdown(all_results: list[Result], page: str | None) -> str:
     gpu = gpu_loader or (featured("gpu", all_results) if of_kind(all_results, "gpu") else [])
     for r in gpu:
         rows.append(_gpu_row(r, bool(gpu_loader), page))
+        used.append(r)
+    for r in featured("train-gpt2", all_results) if of_kind(all_results, "train-gpt2") else []:
+        rows.append(_train_gpt2_row(r, page))
         used.append(r)
     host = featured("gpu-host", all_results) if of_kind(all_results, "gpu-host") else []
     if host:

@@ -124,6 +124,7 @@ def kinds_of(name: str, report: dict) -> list[str]:
     for prefix, kind, key, typ in (("remote-", "remote", "rows", list),
                                    ("shuffle-", "shuffle", "rows", dict),
                                    ("train-ab-", "train", "runs", dict),
+                                   ("train-gpt2-", "train-gpt2", "rows", list),
                                    ("bad-inputs-", "bad-inputs", "cases", list),
                                    ("scale-", "scale", "records", list)):
         if name.startswith(prefix) and isinstance(report.get(key), typ):

@@ -187,6 +187,28 @@ def _gpu(r: Result) -> str:
     return "\n".join(out)
 
 
+def _train_gpt2(r: Result) -> str:
+    """``train_gpt2.py``: one row per feed of the same model, step times and what waited."""
+    rows = [d for d in r.report["rows"] if isinstance(d, dict)]
+    config, model = r.report.get("config") or {}, r.report.get("model") or {}
+    first = rows[0] if rows else {}
+    head = (f"Model: {model.get('layers', '?')} layers, d = {model.get('d', '?')}, "
+            f"{model.get('heads', '?')} heads, vocabulary {fmt(model.get('vocab'), digits=0)} "
+            f"({fmt(first.get('parameters'), 1e6, 0)} M parameters), "
+            f"{'compiled' if first.get('compiled') else 'not compiled'}, on "
+            f"{first.get('device', '?')}; batches of {config.get('B', '?')} x "
+            f"{config.get('T', '?')}, {config.get('warmup', '?')} warm-up steps, then "
+            f"{config.get('steps', '?')} timed. Each feed reads its own order of the windows.\n\n")
+    return head + table(
+        ["feed", "step ms, mean / p50 / p99", "share of the step waiting for data",
+         "tokens/s", "host CPU s per 1e9 tokens (the whole training process)"],
+        [[d.get("name", "?"), f"{fmt(d.get('step_ms_mean'), digits=1)} / "
+          f"{fmt(d.get('step_ms_p50'), digits=1)} / {fmt(d.get('step_ms_p99'), digits=1)}",
+          fmt(100 * d["wait_fraction"], digits=2) + "%" if is_number(d.get("wait_fraction"))
+          else "n/a", fmt(d.get("tokens_per_s"), digits=0),
+          fmt(d.get("host_cpu_s_per_billion_tokens"), digits=0)] for d in rows])
+
+
 def _accounting(r: Result) -> str:
     rows = [d for d in r.report["accounting"] if isinstance(d, dict)]
     keys = ["chunks", "launches", "h2d_copies", "d2h_copies", "host_waits", "dlpack_exports"]
@@ -339,7 +361,7 @@ TABLES = {"decode": _decode, "crc": _crc, "convert": _convert, "loader": _loader
           "breakdown": _breakdown, "gpu-host": _gpu_host, "loaders": _loaders, "gpu": _gpu,
           "gpu-loader": _gpu,
           "accounting": _accounting, "remote": _remote, "shuffle": _shuffle,
-          "bad-inputs": _bad_inputs, "scale": _scale}
+          "bad-inputs": _bad_inputs, "scale": _scale, "train-gpt2": _train_gpt2}
 
 
 def render(kind: str, result: Result, page: str | None) -> str:
