@@ -123,10 +123,17 @@ def _train_row(r: Result, page: str | None) -> list[str]:
     return [f"Training A/B, small GPT, {config.get('steps', '?')} steps on "
             f"{r.report.get('device', '?')}",
             _loss_difference(r.report.get("max_abs_loss_difference"))
-            + "".join(f"; {k}: {fmt(v.get('step_s_mean'), 1e-3, 0)} ms per step"
-                      for k, v in runs.items() if k == "ndp"),
-            "; ".join(f"{k}: {fmt(v.get('step_s_mean'), 1e-3, 0)} ms per step"
-                      for k, v in runs.items() if k != "ndp"), link(r.name, page)]
+            + "".join(f"; {k}: {_step(v)}" for k, v in runs.items() if k == "ndp"),
+            "; ".join(f"{k}: {_step(v)}" for k, v in runs.items() if k != "ndp"),
+            link(r.name, page)]
+
+
+def _step(run: dict) -> str:
+    """A training run's step time, mean and median, and its share waiting for data."""
+    wait = run.get("wait_fraction")
+    return (f"{fmt(run.get('step_s_mean'), 1e-3, 1)} ms per step (p50 "
+            f"{fmt(run.get('step_s_p50'), 1e-3, 1)}), "
+            f"{fmt(100 * wait, digits=1) if results.is_number(wait) else 'n/a'}% waiting")
 
 
 def _train_gpt2_row(r: Result, page: str | None) -> list[str]:
