@@ -226,6 +226,80 @@ def test_gpu_check_without_compute_sanitizer_fails_memcheck_alone(monkeypatch, t
     assert len(ran) == 6  # every step but memcheck and two-ranks
 
 
+def test_gpu_session_script_parses_and_names_only_steps_gpu_check_has():
+    """benchmarks/gpu_session.sh runs on a lent GPU only: here, bash parses it, and the
+    gpu_check steps it asks for by default exist (a renamed step would fail the whole call)."""
+    script = BENCH / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    default = text.split("${CHECKS:-", 1)[1].split("}", 1)[0].split()
+    names = [name for name, _, _ in _gpu_check().steps("compute-sanitizer", Path("out"))]
+    assert default and set(default) <= set(names)
+
+
+def test_peers_install_from_carried_wheels_where_no_index_is_reachable(monkeypatch, tmp_path,
+                                                                      capsys):
+    """NDP_PEER_WHEELS (a lent GPU machine reaches no package index): the peers' wheels found
+    there, and what they need, go into this interpreter, with no index and no resolver; a peer
+    with no wheel there is named; nothing else in the folder is installed."""
+    import importlib
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        peers = importlib.import_module("peers")
+    finally:
+        sys.path.remove(str(BENCH))
+    for name in ["torchdata-0.11.0-py3-none-any.whl", "litdata-0.2.76-py3-none-any.whl",
+                 "boto3-1.44.8-py3-none-any.whl", "obstore-0.12.1-cp311-abi3-any.whl",
+                 "numpy-2.4.6-cp312-cp312-manylinux_2_28_x86_64.whl"]:
+        (tmp_path / name).write_bytes(b"")
+    calls = []
+    monkeypatch.setattr(peers.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    monkeypatch.setenv("NDP_PEER_WHEELS", str(tmp_path))
+    assert peers.python("peers") == Path(sys.executable)
+    (cmd,) = calls
+    assert cmd[:3] == [sys.executable, "-m", "pip"] and "--no-index" in cmd and "--no-deps" in cmd
+    assert sorted(Path(c).name.split("-")[0] for c in cmd if c.endswith(".whl")) == [
+        "boto3", "litdata", "obstore", "torchdata"]  # not the NumPy wheel beside them
+    assert "nvidia-dali-cuda120==2.4.0" in capsys.readouterr().out
+
+
+def test_gpu_check_runs_the_chosen_steps_and_the_three_checks_side_by_side(monkeypatch,
+                                                                           tmp_path, capsys):
+    """--steps picks steps (a name it does not know is refused); the two test runs and memcheck
+    time nothing and run at once (each waits here for the other two: run one after another,
+    they would break the barrier), the benchmarks after them, one at a time."""
+    import threading
+
+    check = _gpu_check()
+    monkeypatch.setattr(check, "preflight", lambda: [])
+    monkeypatch.setattr(check, "sanitizer", lambda: "compute-sanitizer")
+    monkeypatch.setattr(check, "gpus", lambda: 1)
+    together = threading.Barrier(3, timeout=20)
+    ran, lock = [], threading.Lock()
+
+    def fake_run(cmd, **kw):
+        name = "memcheck" if cmd[0] == "compute-sanitizer" else cmd[-1] if "pytest" in cmd \
+            else Path(cmd[1]).stem
+        if "pytest" in cmd or name == "memcheck":
+            together.wait()  # all three checks in flight at once
+        with lock:
+            ran.append(name)
+        out = ("hostile run: 1 batches equal to the CPU\nERROR SUMMARY: 0 errors"
+               if name == "memcheck" else "1 passed in 1s\nwrote x.json")
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    assert check.main(["--out", str(tmp_path), "--steps", "gpu-tests", "device-equality",
+                       "memcheck", "bench-gpu"]) == 0
+    assert len(ran) == 4 and ran[-1] == "bench_gpu"  # the benchmark after the checks
+    out = capsys.readouterr().out
+    assert "PASS  memcheck" in out and "bench-loaders" not in out and "train-ab" not in out
+    with pytest.raises(SystemExit):
+        check.main(["--out", str(tmp_path), "--steps", "no-such-step"])
+    assert "no step no-such-step" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_every_bad_input_of_the_reliability_run_is_handled(tmp_path):
     """The run behind 'N of N cases handled' (the README's headline, docs/concepts/integrity.md):
