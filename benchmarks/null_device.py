@@ -152,9 +152,10 @@ def shards_class() -> type:
     from ndp.loader.device_shards import DeviceShards
 
     class NullShards(DeviceShards):
-        def stage(self, packets: np.ndarray, slot: Any, entries: Any = None) -> Any:
+        def stage(self, packets: np.ndarray, slot: Any, entries: Any = None,
+                  shard_ids: Any = None) -> Any:
             self.engine.last_packets = packets
-            return super().stage(packets, slot, entries)
+            return super().stage(packets, slot, entries, shard_ids)
 
     return NullShards
 

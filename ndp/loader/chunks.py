@@ -59,7 +59,9 @@ class ChunkDecoder:
             final = own_end is not None and q <= own_end
             if final:
                 q = own_end
-            packets = share[pos:q]
+            # a RankOrder's windows know their shards: the stage need not search for them
+            take = getattr(share, "with_shards", None)
+            packets, shard_ids = take(pos, q) if take is not None else (share[pos:q], None)
             tables = getattr(share, "tables", None)  # a RankOrder's own entries, if held
             if tables is not None and self.stager.checks_headers:
                 # a GPU's stage reads these shards' indexes whole as it copies them: check them
@@ -67,7 +69,7 @@ class ChunkDecoder:
                 plan.corpus.settle(packets)
             entries = tables.entries(pos, q) if tables is not None else None
             try:
-                staged = self.stager.stage(packets, slot, entries)
+                staged = self.stager.stage(packets, slot, entries, shard_ids)
             except TooManyShards:
                 if reach == 1:
                     raise

@@ -64,6 +64,18 @@ def _slot_bytes(sizes: np.ndarray) -> int:
     return -(-max(int(sizes.max(initial=1)), 1) // _ALIGN) * _ALIGN
 
 
+def distinct(ids: np.ndarray) -> np.ndarray:
+    """The distinct values of ``ids`` (non-negative ints: a chunk's shard numbers), ascending,
+    as ``np.unique`` gives them: by a count where they span little more than there are of
+    them (a chunk's shards, usually), which costs a tenth of ``np.unique``'s sort."""
+    if not ids.shape[0]:
+        return ids.astype(np.int64)
+    top = int(ids.max()) + 1
+    if top > 4 * ids.shape[0] + 4096:
+        return np.unique(ids)
+    return np.flatnonzero(np.bincount(ids, minlength=top))
+
+
 class DeviceShards:
     """The GPU's staging stage (see the module docstring)."""
 
@@ -128,15 +140,17 @@ class DeviceShards:
                 self._copy(s, s)
 
     # ----------------------------------------------------------------------------- staging
-    def stage(self, packets: np.ndarray, slot: Slot, entries: np.ndarray | None = None
-              ) -> Staged:
+    def stage(self, packets: np.ndarray, slot: Slot, entries: np.ndarray | None = None,
+              shard_ids: np.ndarray | None = None) -> Staged:
         """The chunk's shards on the device and its packets' offsets and limits there (one
         copy of both); ``TooManyShards`` if they cannot all be held at once. ``entries``: the
-        packets' index entries, if the caller holds them."""
+        packets' index entries, if the caller holds them; ``shard_ids``: their shard numbers,
+        if the caller knows them."""
         corpus, engine = self.corpus, self.engine
         n = packets.shape[0]
-        shard_ids = corpus.shard_of(packets)
-        needed = [int(s) for s in np.unique(shard_ids)]
+        if shard_ids is None:
+            shard_ids = corpus.shard_of(packets)
+        needed = distinct(shard_ids).tolist()
         if len(needed) > self.holds.shape[0]:
             raise TooManyShards(
                 f"a chunk needs {len(needed)} shards on the device at once, the arena holds "
@@ -161,7 +175,7 @@ class DeviceShards:
         device, into slots the current chunk does not use; never waits for a kernel."""
         if self.resident or packets.shape[0] == 0:
             return
-        for s in np.unique(self.corpus.shard_of(packets)).tolist():
+        for s in distinct(self.corpus.shard_of(packets)).tolist():
             if self.slot_of[s] < 0 and self._victim() is not None:
                 self._ensure(s)
 

@@ -78,8 +78,9 @@ def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: i
     kept = _sums(np.minimum(tokens, max_len), bounds)
     total = _sums(tokens, bounds)
     batches = []
+    edges = bounds.tolist()  # Python ints: indexing the array per batch costs more
     for j, counted in enumerate(count_segments(verdicts, bounds)):
-        a, b = int(bounds[j]), int(bounds[j + 1])
+        a, b = edges[j], edges[j + 1]
         counted["tokens"] = kept[j]
         counted["truncated_tokens"] = total[j] - kept[j]
         counted["_range"] = (pos + a, pos + b)

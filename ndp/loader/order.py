@@ -148,12 +148,15 @@ class Window:
     """One piece of an epoch's order: the packets of the ranges ``[starts[i], stops[i])`` of
     global packet numbers, one after the other (the window's *file order*), then permuted by
     the permutation that ``keys`` name (``ndp.loader.shuffle``; ``None``: in file order). A
-    shuffle window's ranges are its shards. Nothing the window's size is held: any place of
-    its order is one ``at`` away."""
+    shuffle window's ranges are its shards, whose numbers ``shards`` holds (``None``: not
+    known), so a place's shard comes with its packet (``at_in``) instead of a search of the
+    corpus' shard starts. Nothing the window's size is held: any place of its order is one
+    ``at`` away."""
 
     starts: np.ndarray
     stops: np.ndarray
     keys: np.ndarray | None = None
+    shards: np.ndarray | None = None
 
     @cached_property
     def size(self) -> int:
@@ -172,14 +175,23 @@ class Window:
 
     def packets_of(self, flat: np.ndarray) -> np.ndarray:
         """Global packet numbers of file-order indices ``flat`` (each mapped to its range)."""
+        return self._locate(flat)[0]
+
+    def _locate(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``packets_of(flat)``, and the range each lies in."""
         lengths = self.stops - self.starts
         ends = np.cumsum(lengths)
         r = np.searchsorted(ends, flat, side="right")
-        return (self.starts[r] - (ends[r] - lengths[r]) + flat).astype(np.int64, copy=False)
+        return (self.starts[r] - (ends[r] - lengths[r]) + flat).astype(np.int64, copy=False), r
 
     def at(self, places: np.ndarray) -> np.ndarray:
         """The packets at ``places`` of the window's order (global packet numbers, int64)."""
         return self.packets_of(self.flat(places))
+
+    def at_in(self, places: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``at(places)``, and the shard number of each packet (``None`` if ``shards`` is)."""
+        packets, r = self._locate(self.flat(places))
+        return packets, None if self.shards is None else self.shards[r]
 
     def order(self) -> np.ndarray:
         """The file-order index at each place of the window's order, all of them (O(size))."""
@@ -221,7 +233,8 @@ def epoch_windows(
     for k, window in enumerate(windows(shard_bytes, rng.permutation(n_shards), window_bytes)):
         starts = base[window].astype(np.int64)
         stops = base[window + 1].astype(np.int64)
-        yield Window(starts, stops, round_keys(seed, epoch, _ORDER_STREAM, k))
+        yield Window(starts, stops, round_keys(seed, epoch, _ORDER_STREAM, k),
+                     shards=window.astype(np.int64))
 
 
 def epoch_order(

@@ -50,25 +50,53 @@ class RankOrder:
             pos -= self.length
         return int(np.searchsorted(self._ends, pos * self.world_size + self.rank, side="right"))
 
-    def _places(self, s: np.ndarray) -> np.ndarray:
-        """Packets at share positions ``s`` (each in ``[0, len)``)."""
-        s = np.where(s >= self.length, s - self.length, s) if self.shape[0] > self.length else s
+    def _places(self, s: np.ndarray, *, ascending: bool = False, shards: bool = False) -> Any:
+        """Packets at share positions ``s`` (each in ``[0, len)``; ``ascending``: in increasing
+        order, as a slice's are), and with ``shards`` the shard number of each (``None`` if a
+        window does not know its ranges' shards)."""
+        if self.shape[0] > self.length:
+            ascending = ascending and bool(s.shape[0]) and (
+                int(s[0]) >= self.length or int(s[-1]) < self.length)  # not across the repeat
+            s = np.where(s >= self.length, s - self.length, s)
         p = s * self.world_size + self.rank  # epoch places
+        groups = None
+        if p.shape[0] and ascending:  # one window if its first and last place are in it
+            first, last = np.searchsorted(self._ends, p[[0, -1]], side="right").tolist()
+            groups = [(first, slice(None))] if first == last else None
+        if groups is None:
+            k = np.searchsorted(self._ends, p, side="right")
+            if p.shape[0] and k[0] == k[-1] and (np.diff(k) >= 0).all():  # one window (usual)
+                groups = [(int(k[0]), slice(None))]
+            else:
+                groups = [(int(w), k == w) for w in np.unique(k).tolist()]
         out = np.empty(p.shape[0], np.int64)
-        k = np.searchsorted(self._ends, p, side="right")
-        if p.shape[0] and k[0] == k[-1] and (np.diff(k) >= 0).all():  # one window (usual)
-            groups = [(int(k[0]), slice(None))]
-        else:
-            groups = [(int(w), k == w) for w in np.unique(k).tolist()]
+        shard = np.empty(p.shape[0], np.int64) if shards else None
         for w, where in groups:
-            out[where] = self.windows[w].at(p[where] - self._starts[w])
-        return out
+            window = self.windows[w]
+            if shard is None:
+                out[where] = window.at(p[where] - self._starts[w])
+                continue
+            out[where], of = window.at_in(p[where] - self._starts[w])
+            if of is None:
+                shard = None
+                out[where] = window.at(p[where] - self._starts[w])
+                continue
+            shard[where] = of
+        return (out, shard) if shards else out
+
+    def with_shards(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """``self[a:b]`` and the shard number of each of its packets (``None`` where a window
+        does not know them: the caller searches the corpus' shard starts then), for a chunk's
+        stage."""
+        a, b, _ = slice(a, b).indices(self.shape[0])
+        return self._places(np.arange(a, max(a, b), dtype=np.int64), ascending=True,
+                            shards=True)
 
     def __getitem__(self, key: Any) -> Any:
         n = self.shape[0]
         if isinstance(key, slice):
             a, b, step = key.indices(n)
-            return self._places(np.arange(a, b, step, dtype=np.int64))
+            return self._places(np.arange(a, b, step, dtype=np.int64), ascending=step > 0)
         if isinstance(key, (int, np.integer)):
             i = int(key) + (n if key < 0 else 0)
             if not 0 <= i < n:

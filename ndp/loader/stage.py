@@ -44,13 +44,15 @@ class HostStager:
                 shard.read_ranges(np.zeros(1, np.int64), sizes[s:s + 1], self._whole,
                                   self._base[s:s + 1])
 
-    def stage(self, packets: np.ndarray, slot: Slot, entries: np.ndarray | None = None
-              ) -> Staged:
+    def stage(self, packets: np.ndarray, slot: Slot, entries: np.ndarray | None = None,
+              shard_ids: np.ndarray | None = None) -> Staged:
         """The chunk's packets read into the host buffer (``entries``: their index entries,
-        if the caller holds them; else gathered from the indexes)."""
+        if the caller holds them; else gathered from the indexes; ``shard_ids``: their shard
+        numbers, if the caller knows them)."""
         corpus = self.corpus
         n = packets.shape[0]
-        shard_ids = corpus.shard_of(packets)
+        if shard_ids is None:
+            shard_ids = corpus.shard_of(packets)
         if entries is None:
             entries = corpus.entries_at(packets, shard_ids)  # one gather for both fields
         offsets = entries["offset"].astype(np.int64)

@@ -110,3 +110,16 @@ def test_an_index_that_lies_about_a_header_stops_the_gpu_loader(corpus, tmp_path
     for x, y in zip(got, want):
         for k in x:
             np.testing.assert_array_equal(x[k], y[k])
+
+
+def test_a_chunks_distinct_shards_are_np_uniques():
+    """``distinct`` (the shards a chunk needs, counted rather than sorted where they span
+    little) gives what ``np.unique`` gives, for dense and for sparse shard numbers."""
+    from ndp.loader.device_shards import distinct
+
+    rng = np.random.default_rng(0)
+    for top in (1, 13, 5000, 10**7):
+        ids = rng.integers(0, top, 4096)
+        got = distinct(ids)
+        assert np.array_equal(got, np.unique(ids)) and got.dtype == np.int64
+    assert distinct(np.zeros(0, np.int64)).shape == (0,)

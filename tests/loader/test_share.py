@@ -49,6 +49,31 @@ def test_every_read_of_a_rank_order_is_the_whole_orders_share(epoch, world_size)
                               np.concatenate([want[-5:], want[:5]]))
 
 
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_a_chunks_shards_come_with_its_packets(epoch, world_size):
+    """``with_shards`` (what a chunk's stage takes): the slice, and each packet's shard as the
+    corpus' shard starts give it, across window boundaries and across the repeat; windows that
+    do not know their shards (unshuffled ones) say so, and the slice is still right."""
+    windows, order = epoch
+    sizes = np.random.default_rng(2).integers(1, 90, 60)
+    base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    length = order.shape[0] // world_size
+    rng = np.random.default_rng(7)
+    for rank in range(world_size):
+        want = order[rank::world_size][:length]
+        twice = RankOrder(windows, rank=rank, world_size=world_size, length=length, repeat=True)
+        spans = [(0, length), (length - 7, length + 9), (2 * length - 3, 2 * length)]
+        spans += [tuple(np.sort(rng.integers(0, 2 * length + 1, 2))) for _ in range(30)]
+        for a, b in spans:
+            packets, shards = twice.with_shards(a, b)
+            assert np.array_equal(packets, np.concatenate([want, want])[a:b])
+            assert np.array_equal(shards, np.searchsorted(base, packets, side="right") - 1)
+    plain = list(epoch_windows(base, seed=4, epoch=3, shuffle=False, block=100))
+    share = RankOrder(plain, rank=0, world_size=1, length=int(base[-1]))
+    packets, shards = share.with_shards(50, 250)
+    assert shards is None and np.array_equal(packets, np.arange(50, 250))
+
+
 def test_a_rank_order_of_a_large_epoch_holds_its_windows_only():
     """4e6 packets in 400 shards (the share of rank 0 of 2 alone would be 16 MB): making the
     share and reading a chunk of it allocates a small fraction of that."""
