@@ -72,16 +72,15 @@ class RankOrder:
         out = np.empty(p.shape[0], np.int64)
         shard = np.empty(p.shape[0], np.int64) if shards else None
         for w, where in groups:
-            window = self.windows[w]
+            local = p[where] - self._starts[w]
             if shard is None:
-                out[where] = window.at(p[where] - self._starts[w])
+                out[where] = self.windows[w].at(local)
                 continue
-            out[where], of = window.at_in(p[where] - self._starts[w])
-            if of is None:
+            out[where], of = self.windows[w].at_in(local)
+            if of is None:  # a window that does not know its shards: the caller searches
                 shard = None
-                out[where] = window.at(p[where] - self._starts[w])
-                continue
-            shard[where] = of
+            else:
+                shard[where] = of
         return (out, shard) if shards else out
 
     def with_shards(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray | None]:
