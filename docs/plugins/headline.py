@@ -140,7 +140,8 @@ def _train_gpt2_row(r: Result, page: str | None) -> list[str]:
     rows = [d for d in r.report["rows"] if isinstance(d, dict)]
     config = r.report.get("config") or {}
     first = rows[0] if rows else {}
-    device = first.get("device_name") or first.get("device", "?")
+    device = first.get("device_name") or {"cuda": "a CUDA GPU"}.get(first.get("device"),
+                                                                    first.get("device", "?"))
 
     def step(d: dict) -> str:
         wait = d.get("wait_fraction")
