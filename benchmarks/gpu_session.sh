@@ -22,7 +22,8 @@
 #
 # Everything goes to $OUT (the device tool's folder; ./ndp-results elsewhere): the results files
 # (gpu-loader-*.json, train-gpt2-*.json, memcheck-*.log) and gpu-session.log; the logs of
-# failed steps are packed into gpu-session-logs.tgz, so that few files come back.
+# failed steps and the benchmarks' figures (PNG) are packed into gpu-session-logs.tgz, so that
+# few files come back (the device tool returns 8 at most).
 set -u
 budget=540
 [ "${1:-}" = "--budget" ] && budget=$2
@@ -67,5 +68,6 @@ fi
 
 echo "== results ($(left) s left)"
 cp "$RES"/*.json "$RES"/memcheck-*.log "$OUT"/ 2>/dev/null
-(cd "$RES" && ls *.log >/dev/null 2>&1 && tar czf "$OUT/gpu-session-logs.tgz" *.log)
+(cd "$RES" && ls *.log *.png >/dev/null 2>&1; tar czf "$OUT/gpu-session-logs.tgz" \
+    $(ls *.log *.png 2>/dev/null))
 ls -la "$OUT"
