@@ -68,6 +68,6 @@ fi
 
 echo "== results ($(left) s left)"
 cp "$RES"/*.json "$RES"/memcheck-*.log "$OUT"/ 2>/dev/null
-(cd "$RES" && ls *.log *.png >/dev/null 2>&1; tar czf "$OUT/gpu-session-logs.tgz" \
-    $(ls *.log *.png 2>/dev/null))
+packed=$(cd "$RES" && ls *.log *.png 2>/dev/null)
+[ -n "$packed" ] && tar czf "$OUT/gpu-session-logs.tgz" -C "$RES" $packed
 ls -la "$OUT"
