@@ -128,12 +128,16 @@ def _train_row(r: Result, page: str | None) -> list[str]:
             link(r.name, page)]
 
 
+def _waiting(run: dict) -> str:
+    """The share of a training run's steps spent waiting for data, in per cent."""
+    wait = run.get("wait_fraction")
+    return f"{fmt(100 * wait, digits=1) if results.is_number(wait) else 'n/a'}%"
+
+
 def _step(run: dict) -> str:
     """A training run's step time, mean and median, and its share waiting for data."""
-    wait = run.get("wait_fraction")
     return (f"{fmt(run.get('step_s_mean'), 1e-3, 1)} ms per step (p50 "
-            f"{fmt(run.get('step_s_p50'), 1e-3, 1)}), "
-            f"{fmt(100 * wait, digits=1) if results.is_number(wait) else 'n/a'}% waiting")
+            f"{fmt(run.get('step_s_p50'), 1e-3, 1)}), {_waiting(run)} waiting")
 
 
 def _train_gpt2_row(r: Result, page: str | None) -> list[str]:
@@ -144,10 +148,8 @@ def _train_gpt2_row(r: Result, page: str | None) -> list[str]:
                                                                     first.get("device", "?"))
 
     def step(d: dict) -> str:
-        wait = d.get("wait_fraction")
         return (f"{d.get('name', '?')}: {fmt(d.get('step_ms_mean'), digits=1)} ms per step, "
-                f"{fmt(100 * wait, digits=1) if results.is_number(wait) else 'n/a'}% of it "
-                "waiting for data")
+                f"{_waiting(d)} of it waiting for data")
 
     ours = [step(d) for d in rows if str(d.get("name", "")).startswith("ndp-gpu")]
     theirs = [step(d) for d in rows if not str(d.get("name", "")).startswith("ndp-gpu")]
