@@ -47,6 +47,12 @@ class IndexMismatchError(NDPError):
     """A sidecar index does not describe its shard (stale, damaged or for another file)."""
 
 
+class CountCacheError(NDPError):
+    """A batch count cached for a dataset (``ndp.loader.shared_count``) was made from other
+    index entries than the dataset's indexes hold now: the count file is removed, and the
+    message says to start again (the epoch is counted afresh)."""
+
+
 class DataError(NDPError):
     """The data cannot give what was asked of it (for example, too few valid packets left for
     the batches every rank must deliver); the message names the data and what to check."""

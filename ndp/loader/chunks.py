@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from ndp.engine.cpu import CpuEngine, Slot, Staged, TooManyShards
-from ndp.errors import IndexMismatchError
 from ndp.loader.layout import Layout, packed_layout, packing_layout, padded_layout
 from ndp.loader.plan import Plan
 
@@ -64,8 +63,8 @@ class ChunkDecoder:
             packets, shard_ids = take(pos, q) if take is not None else (share[pos:q], None)
             tables = getattr(share, "tables", None)  # a RankOrder's own entries, if held
             if tables is not None and self.stager.checks_headers:
-                # a GPU's stage reads these shards' indexes whole as it copies them: check them
-                # first (a lie rescanned or refused), so no entry below is read unchecked
+                # a GPU's stage reads these shards' indexes whole as it copies them: check
+                # them first and hold them for it (a lie rescanned or refused)
                 plan.corpus.settle(packets)
             entries = tables.entries(pos, q) if tables is not None else None
             try:
@@ -81,16 +80,9 @@ class ChunkDecoder:
                 self.stager.prefetch(share[q: plan.chunk_end(share, q, 0, 1)])
             verdicts = engine.read_verdicts(slot, staged.n)
             if not self.stager.checks_headers:  # an index matched by size alone: refuse a
-                # lie, from the bytes staged on the host (a GPU's stage checks as it copies)
-                try:
-                    plan.corpus.check_headers(packets, staged.data, staged.offsets, entries)
-                except IndexMismatchError:
-                    # entries read one by one before their index's first-use check: make it
-                    # (a lie is rescanned, with a warning, or refused) and stage again; a lie
-                    # in a checked index is refused now
-                    if entries is None or not plan.corpus.settle(packets):
-                        raise
-                    continue
+                # lie, from the bytes staged on the host (a GPU's stage checks as it copies);
+                # every entry passed its index's first-use check (``LazyIndex.read_at``)
+                plan.corpus.check_headers(packets, staged.data, staged.offsets, entries)
             layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final)
             if layout.batches or layout.end is not None or q >= n:
                 break

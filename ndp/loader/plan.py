@@ -254,7 +254,8 @@ class Plan(Reach):
     def count_fields(self, epoch: int) -> dict:
         """What ``epoch``'s count depends on: its key among shared counts
         (``ndp.loader.shared_count``)."""
-        return {"fingerprint": getattr(self.corpus, "fingerprint", None), "order": ORDER,
+        return {"fingerprint": getattr(self.corpus, "fingerprint", None),
+                "indexes": getattr(self.corpus, "index_stamp", None), "order": ORDER,
                 "mode": self.mode, "batch_size": self.batch_size, "seq_len": self.seq_len,
                 "world_size": self.world_size, "seed": self.seed, "epoch": epoch,
                 "shuffle": self.shuffle, "shuffle_window": self.shuffle_window}

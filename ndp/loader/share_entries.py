@@ -13,7 +13,9 @@ has built ahead); a chunk's entries are then a slice of a table, with no gather 
 A table takes a whole read of its window's indexes (1.4 s for a 1 GiB window of 16-token
 documents on this project's VM): while one is being built, a chunk of at most ``DIRECT``
 packets reads its entries one by one instead (``LazyIndex.read_at``), so that a run's first
-batch does not wait for it.
+batch does not wait for it; an index not checked yet is read whole and checked first (the
+first use of an index is its check, however its entries are read: a lie that keeps every
+packet header, an entry repeated or two swapped, is only seen there).
 """
 
 from __future__ import annotations

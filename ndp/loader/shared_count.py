@@ -20,10 +20,17 @@ name), so a folder several nodes share (a home directory on NFS, whose locks and
 other nodes may see late) never makes a rank wait on another node: only the finished count
 is shared between nodes.
 A count is keyed by what it depends on, the dataset's fingerprint (its shards' names, sizes,
-crc32s and packet counts), the order's name and every setting that changes it, and is checked
-when read: its own key and a crc32 of its contents; a file that fails is counted again and
-written over. Whatever races, the count written is a pure function of the key: two ranks that
-both count write the same bytes.
+crc32s and packet counts), the version of every index it was counted from (each sidecar's
+size and modification time: ``Corpus.index_stamp``), the order's name and every setting that
+changes it, and is checked when read: its own key and a crc32 of its contents; a file that
+fails is counted again and written over. It also names the exact entries it was counted from
+(the crc32 of each index's checked entries, ``ndp.store.lazy.entries_digest``), and a count
+taken from the file is checked against them as each index passes its first-use check: one
+that differs (an index changed in place with its size and time kept) removes the file and
+raises ``CountCacheError``, before a batch of that index is delivered. The count is only ever
+made from checked entries (``LazyIndex.read_at`` checks an index before it gives out an
+entry), so a damaged index it was made from was rescanned first. Whatever races, the count
+written is a pure function of the key: two ranks that both count write the same bytes.
 """
 
 from __future__ import annotations
@@ -183,8 +190,34 @@ def wait_or_claim(shared: SharedCount, publish: Any, stop: Any) -> tuple[dict | 
         time.sleep(POLL)
 
 
-#: the shared count's own version: a change to what a count holds must change it
-VERSION = 1
+#: the shared count's own version: a change to what a count holds must change it (2: the
+#: indexes' stamps in the key and their entries' digests in the count)
+VERSION = 2
+
+
+def check_against(corpus: Any, shared: SharedCount | None, result: dict) -> None:
+    """A count ``result`` taken from ``shared``'s file is in use for ``corpus``: its indexes'
+    entries are checked against the digests it was made from, now and as they pass their
+    first-use checks (``Corpus.expect_digests``); one that differs removes the file and raises
+    ``CountCacheError``."""
+    expect = getattr(corpus, "expect_digests", None)
+    if expect is None or shared is None:
+        return
+
+    def differs(s: int) -> None:
+        from ndp.errors import CountCacheError
+
+        try:
+            shared.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise CountCacheError(
+            f"{shared.path}: the batch count cached for this dataset was made from other index "
+            f"entries than {corpus.shards[s].index_path} holds now (changed in place, its size and modification time kept); the cached "
+            f"count is removed. Start again: the epoch is counted afresh (NDP_COUNT_CACHE=off "
+            f"turns the cache off)")
+
+    expect(result.get("digests") or [], differs)
 
 
 def epoch_count(corpus: Any, windows: list, fields: dict, *, rank: int, world_size: int,
@@ -202,6 +235,7 @@ def epoch_count(corpus: Any, windows: list, fields: dict, *, rank: int, world_si
         {**fields, "count_version": VERSION})  # no fingerprint: nothing to key it by
 
     def taken(result: dict) -> tuple[int | None, Cut | None]:
+        check_against(corpus, shared, result)
         cuts = result.get("cuts")
         return result.get("batches"), None if cuts is None else Cut(*cuts[rank])
 
@@ -225,8 +259,11 @@ def epoch_count(corpus: Any, windows: list, fields: dict, *, rank: int, world_si
                                        mode=mode, batch_size=batch_size, seq_len=seq_len,
                                        count=count, stop=stop,
                                        publish=None if lock is None else shared.publish)
-            if lock is not None:
-                shared.save({"batches": batches, "cuts": None if cuts is None else
+            if lock is not None:  # with the digests of the entries it was counted from
+                digests = [None if d is None else int(d)
+                           for d in getattr(corpus, "digests", [])]
+                shared.save({"batches": batches, "digests": digests,
+                             "cuts": None if cuts is None else
                              [[c.tokens, c.truncated, c.longer, c.longest] for c in cuts]})
         finally:
             if lock is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from ndp.errors import ConfigError, DataError, ShardFormatError, past_aliases
 from ndp.wire.format import SHARD_SUFFIX, SYNC
 from ndp.store.index import Corruption, Index, ScanResult, check_headers
 from ndp.store.columns import Column, entries_at
-from ndp.store.lazy import EntryCache, LazyIndex, open_index
+from ndp.store.lazy import EntryCache, LazyIndex, entries_digest, open_index
 from ndp.store.manifest import ManifestError, entries_by_name, listed_shards
 from ndp.store.remote import RemoteDataset, RemoteShard, is_url
 from ndp.store.shard import Shard
@@ -179,13 +180,31 @@ class Corpus:
         #: stale or missing index: damage the index no longer lists as packets (an index found
         #: wrong when first used adds its shard's then)
         self.corruption: list[tuple[Path, Corruption]] = []
-        for shard in self.shards:
+        #: each index's entries digest once checked (``ndp.store.lazy.entries_digest``), and
+        #: for an index not checked yet, the digests counts in use were made from, with what
+        #: to do if one differs (``expect_digests``)
+        self.digests: list[int | None] = []
+        self._expected: dict[int, list[tuple[int, Any]]] = {}
+        self._digest_lock = threading.Lock()
+        stamps = []  # which version of each index was opened (``index_stamp``)
+        for s, shard in enumerate(self.shards):
             def found(scan: ScanResult, path: Path = shard.path) -> None:
                 self.corruption.extend((path, c) for c in scan.corrupt)
 
             index, scan = open_index(shard, on_stale=on_stale, verify=verify, found=found,
                                       cache=self.entry_cache)
             self.indexes.append(index)
+            self.digests.append(None)
+            if isinstance(index, LazyIndex):
+                stamps.append(index.stamp)
+                index.on_checked = lambda digest, s=s: self._checked(s, digest)
+            else:  # held whole: checked now
+                self.digests[s] = entries_digest(index.entries)
+                if scan is None:
+                    st = os.stat(shard.index_path)
+                    stamps.append((st.st_size, st.st_mtime_ns))
+                else:  # the shard's own packets: named by the shard's bytes
+                    stamps.append(("scan", index.shard_crc32, len(index)))
             if scan is not None:
                 found(scan)
             _refuse(no_data(shard, index), manifest)
@@ -229,6 +248,10 @@ class Corpus:
             digest.update(f"{self.groups[group]}/{path.name}:{shard.size}:"
                           f"{index.shard_crc32}:{len(index)};".encode())
         self.fingerprint = digest.hexdigest()[:16]
+        #: which versions of the index files were opened (each sidecar's size and modification
+        #: time; a scan's shard crc32), hashed: what a count made from them is keyed by beside
+        #: the fingerprint (an index damaged or rebuilt in place is another version)
+        self.index_stamp = hashlib.sha256(repr(stamps).encode()).hexdigest()[:16]
 
     def __len__(self) -> int:
         return self.n_packets
@@ -263,12 +286,38 @@ class Corpus:
                           at=None if at is None else at[mine],
                           numbers=None if entries is None else local)
 
+    def expect_digests(self, digests: list, differs: Any) -> None:
+        """A count made from index entries with ``digests`` (per shard; None: not read) is in
+        use: ``differs(shard number)`` is called (and raises) if an index's checked entries
+        have another digest, checked now or when they are."""
+        wrong = []
+        with self._digest_lock:
+            for s, want in enumerate(digests[:len(self.digests)]):
+                if want is None:
+                    continue
+                if self.digests[s] is None:  # compared when checked (held until then only)
+                    self._expected.setdefault(s, []).append((want, differs))
+                elif self.digests[s] != want:
+                    wrong.append(s)
+        if wrong:
+            differs(wrong[0])
+
+    def _checked(self, s: int, digest: int) -> None:
+        """Index ``s`` passed its first-use check with entries of ``digest`` (a refusal
+        raised here leaves it unchecked: the next reader is refused again)."""
+        with self._digest_lock:
+            wrong = [differs for want, differs in self._expected.get(s, []) if want != digest]
+            if not wrong:
+                self._expected.pop(s, None)
+                self.digests[s] = digest
+        if wrong:
+            wrong[0](s)
+
     def settle(self, packets: np.ndarray) -> bool:
         """Make the first-use check of the indexes of ``packets``' shards that were not checked
-        yet (a chunk read their entries one by one, ``LazyIndex.read_at``), and hold their
-        entries for the chunk that reads them next: an index that fails
-        it is rescanned, with a warning, or refused (``IndexMismatchError``). Whether any was
-        checked now: then the packets' entries may read otherwise, and are worth reading again."""
+        yet, and hold their entries for the chunk that reads them next (a GPU's stage copies
+        them whole): an index that fails it is rescanned, with a warning, or refused
+        (``IndexMismatchError``). Whether any was checked now."""
         settled = self._settled
         if settled is None:
             settled = self._settled = np.array(

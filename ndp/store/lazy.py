@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,12 @@ from ndp.wire.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES
 DEFAULT_CACHE_BYTES = 512 << 20
 #: the least a Loader's cache holds (``EntryCache.fit``)
 LEAST_CACHE_BYTES = 32 << 20
+
+
+def entries_digest(entries: np.ndarray) -> int:
+    """The crc32 of index entries' bytes: what a count made from them names them by
+    (``ndp.loader.shared_count``); ~3 GB/s, beside the first-use check's read."""
+    return zlib.crc32(np.ascontiguousarray(entries, INDEX_ENTRY_DTYPE).view(np.uint8))
 
 
 def _configured() -> str | None:
@@ -130,6 +137,12 @@ class LazyIndex:
         #: the first entry's packet offset as the file gave it at open, unchecked (-1 for
         #: none): what ``ndp.store.corpus.no_data`` looks at
         self.first_offset = -1
+        #: the file's (size, modification time in ns) at open: which version of it was opened
+        self.stamp: tuple[int, int] = (0, 0)
+        #: ``entries_digest`` of the entries its first-use check passed (a scan's, where it
+        #: replaced them), None until then; ``on_checked`` is called with it
+        self.digest: int | None = None
+        self.on_checked: Callable[[int], None] = lambda digest: None
 
     @classmethod
     def open(cls, shard: Shard, *, on_stale: str = "rebuild",
@@ -142,17 +155,20 @@ class LazyIndex:
         path = shard.index_path
         with path.open("rb") as f:  # the header, and the first entry for ``first_offset``
             head = f.read(INDEX_HEADER_BYTES + INDEX_ENTRY_DTYPE.itemsize)
-            size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            size = st.st_size
         n, shard_size, crc, data_offset = parse_header(head[:INDEX_HEADER_BYTES], size, path)
         index = cls(shard, path, n, shard_size, crc, data_offset, on_stale=on_stale,
                     found=found, cache=EntryCache() if cache is None else cache)
         check_size(shard_size, shard, path)  # ``check_index``'s (crc32: verify="full" only)
+        index.stamp = (size, st.st_mtime_ns)
         if n:  # the file's length matched the header: the first entry is there
             index.first_offset = int(np.frombuffer(head, INDEX_ENTRY_DTYPE,
                                                    offset=INDEX_HEADER_BYTES)["offset"][0])
         if n == 0:  # nothing to read: the one gap (the whole shard) is checked now
             index._pinned = index._read_checked()
             index._read = True
+            index.digest = entries_digest(index._pinned)
         return index
 
     def __len__(self) -> int:
@@ -233,12 +249,16 @@ class LazyIndex:
 
     def read_at(self, local: np.ndarray) -> np.ndarray:
         """Entries ``local`` (in ``[0, len)``), from the held ones if held, else read one by
-        one (16 bytes each): for a reader that needs a few entries of a shard before a whole
-        read of its index would be done (a rank's first chunk of a window while the window's
-        table is built, ``ndp.loader.share_entries``). Not the first-use check: the table's
-        read of the whole index makes it; each packet read is checked against its entry as it
-        is decoded."""
+        one (16 bytes each): for a reader that needs a few entries of a shard while a whole
+        read of its index is being done for another (a rank's first chunk of a window while
+        the window's table is built, ``ndp.loader.share_entries``). An index not checked yet
+        is read whole and checked first (its first use): an entry is never given out
+        unchecked, since a lie that keeps the packet headers (an entry repeated, two swapped)
+        passes the check each packet gets as it is decoded, and only the whole index shows
+        it."""
         got = self._pinned if self._pinned is not None else self._cache.get(id(self))
+        if got is None and not self._read:
+            got = self.entries  # the first-use check (a lie rescanned, or refused)
         if got is not None:
             return got[local]
         size = INDEX_ENTRY_DTYPE.itemsize
@@ -261,7 +281,10 @@ class LazyIndex:
         docstring)."""
         try:  # checked the first time; read again after the cache let go of them, the
             # header compared (a file replaced since then is caught as its packets are decoded)
-            entries = self._read_entries() if self._read else self._read_checked()
+            first = not self._read
+            entries = self._read_checked() if first else self._read_entries()
+            if first:
+                self._passed(entries)  # before it counts as read: a refusal stays one
             self._read = True
             if hold:
                 self._cache.put(id(self), entries)
@@ -278,10 +301,16 @@ class LazyIndex:
                 f"numbered by those counts: rebuild the index with 'ndp index "
                 f"{self.shard.path}' and open the dataset again")
         warnings.warn(f"{problem}; scanning the shard instead", stacklevel=5)
+        self._passed(scan.entries)
         self._found(scan)
         self._pinned = scan.entries
         self._read = True
         return scan.entries
+
+    def _passed(self, entries: np.ndarray) -> None:
+        """The first-use check passed with ``entries`` (the sidecar's, or a scan's)."""
+        self.digest = entries_digest(entries)
+        self.on_checked(self.digest)
 
 
 def open_index(shard: Shard, *, on_stale: str = "rebuild", verify: str = "size",

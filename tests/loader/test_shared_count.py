@@ -13,7 +13,7 @@ from filelock import FileLock
 
 import ndp.loader.count as count_module
 from ndp.loader.loader import Loader
-from ndp.loader.shared_count import SharedCount, count_dir
+from ndp.loader.shared_count import VERSION, SharedCount, count_dir
 from ndp.wire.packet import encode_tokens
 
 from ndp_test_helpers import ramp, write_shards
@@ -88,10 +88,10 @@ def test_a_rank_delivers_below_the_bound_another_rank_writes(data, mode, monkeyp
     monkeypatch.setenv("NDP_COUNT_CACHE", str(count_dir()) + "-2")  # not found written
     made = passes(monkeypatch)
     loader = Loader(data, mode=mode, rank=1, **KW)
-    shared = SharedCount.open({**loader.plan.count_fields(0), "count_version": 1})
+    shared = SharedCount.open({**loader.plan.count_fields(0), "count_version": VERSION})
     other = FileLock(str(shared.lock_path))
     other.acquire()
-    after = SharedCount.open({**loader.plan.count_fields(1), "count_version": 1})
+    after = SharedCount.open({**loader.plan.count_fields(1), "count_version": VERSION})
     ahead = FileLock(str(after.lock_path))  # epoch 1's too: no pass at all
     ahead.acquire()
     try:
@@ -112,19 +112,19 @@ def test_a_rank_delivers_below_the_bound_another_rank_writes(data, mode, monkeyp
 def test_a_rank_takes_over_a_count_left_unfinished(data, monkeypatch):
     made = passes(monkeypatch)
     loader = Loader(data, mode="packed", rank=0, **KW)
-    shared = SharedCount.open({**loader.plan.count_fields(0), "count_version": 1})
+    shared = SharedCount.open({**loader.plan.count_fields(0), "count_version": VERSION})
     other = FileLock(str(shared.lock_path), thread_local=False)
     other.acquire()
     threading.Timer(0.3, other.release).start()  # the rank counting is gone, nothing written
     n = len(loader)  # waits, then counts here
-    assert made == [1] and shared.found() == {"batches": n, "cuts": None}
+    assert made == [1] and shared.found()["batches"] == n
     loader.close()
 
 
 def test_a_count_file_that_is_not_its_keys_is_counted_again(data, monkeypatch):
     first = Loader(data, mode="packed", rank=0, **KW)
     n = len(first)
-    shared = SharedCount.open({**first.plan.count_fields(0), "count_version": 1})
+    shared = SharedCount.open({**first.plan.count_fields(0), "count_version": VERSION})
     raw = json.loads(shared.path.read_text())
     for damage in ("result", "key", "text"):
         bad = dict(raw)
@@ -136,7 +136,7 @@ def test_a_count_file_that_is_not_its_keys_is_counted_again(data, monkeypatch):
         made = passes(monkeypatch)
         again = Loader(data, mode="packed", rank=0, **KW)
         assert len(again) == n and made == [1], damage
-        assert shared.found() == {"batches": n, "cuts": None}  # written over
+        assert shared.found()["batches"] == n  # written over
         again.close()
     first.close()
 
@@ -149,7 +149,7 @@ def test_another_nodes_lock_is_not_waited_for_but_its_count_is_taken(data, monke
     here = socket.gethostname()
     made = passes(monkeypatch)
     loader = Loader(data, mode="packed", rank=0, **KW)
-    fields = {**loader.plan.count_fields(0), "count_version": 1}
+    fields = {**loader.plan.count_fields(0), "count_version": VERSION}
     monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
     elsewhere = SharedCount.open(fields)  # node-b's rank, counting
     monkeypatch.setattr(socket, "gethostname", lambda: here)
@@ -161,7 +161,7 @@ def test_another_nodes_lock_is_not_waited_for_but_its_count_is_taken(data, monke
         n = len(loader)  # counted here: not waiting on node-b
     finally:
         other_node.release()
-    assert made == [1] and elsewhere.found() == {"batches": n, "cuts": None}
+    assert made == [1] and elsewhere.found()["batches"] == n
     monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
     again = Loader(data, mode="packed", rank=1, **KW)
     assert again.plan.share(0).count.final and made == [1]  # the finished count is shared
@@ -179,3 +179,139 @@ def test_the_count_is_keyed_by_what_it_depends_on(data, monkeypatch):
     monkeypatch.setenv("NDP_COUNT_CACHE", "off")
     Loader(data, **{**KW, "mode": "packed"}).plan.epoch_batches(0)
     assert len(made) == 8 and count_dir() is None
+
+
+# --- the count cache never changes a batch: damaged indexes with the cache cold, warm, stale --
+def _lie(case: str, e: np.ndarray) -> np.ndarray:
+    """A sound index's entries made to lie in one way, as many entries as before (the file
+    keeps its size, so its stamp can be given back: see ``stale`` below)."""
+    from ndp.wire.format import Typ
+
+    e = e.copy()
+    if case == "repeated":  # the held-out trial's: entries 1-5 equal to entry 0
+        e[1:6] = e[0]
+    elif case == "swapped":
+        e[[2, 3]] = e[[3, 2]]
+    elif case == "length_bit":
+        e["length"][3] ^= 0x0004
+    elif case == "lengths_zeroed":
+        e["length"] = 0
+    elif case == "offset_off_by_one":
+        e["offset"][2] += 1
+    elif case == "into_header":
+        e["offset"][0] = 4
+    elif case == "typ":  # a lie only the packet's own header shows: refused as it is decoded
+        e["typ"][1] = int(Typ.FLOAT16)
+    else:
+        raise AssertionError(case)
+    return e
+
+
+DAMAGES = ["repeated", "swapped", "length_bit", "lengths_zeroed", "offset_off_by_one",
+           "into_header", "typ"]
+
+
+def _outcome(data, mode):
+    """The batches the two ranks of a Loader deliver (or the named error one raises), and
+    what they warned about indexes."""
+    import warnings
+
+    from ndp.errors import NDPError
+
+    got: list = []
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            for rank in (0, 1):
+                loader = Loader(data, mode=mode, rank=rank, **{**KW, "world_size": 2})
+                got += [batches(loader), len(loader)]
+                loader.close()
+        except NDPError as exc:
+            got = type(exc).__name__
+    return got, [str(w.message) for w in said if "index" in str(w.message)]
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed", "packing"])
+@pytest.mark.parametrize("case", DAMAGES)
+@pytest.mark.parametrize("cache", ["cold", "warm", "stale"])
+def test_a_damaged_index_gives_the_same_batches_whatever_the_count_cache_holds(
+        tmp_path, case, mode, cache, monkeypatch):
+    """cold: no count cached; warm: the count an earlier read of the damaged files made;
+    stale: the intact dataset's count, the index then damaged in place with its size and
+    modification time given back (the count's key cannot tell). Each gives the intact
+    batches with a warning that says the shard is scanned, or refuses by name, as cold does."""
+    import os
+
+    from ndp.wire.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES
+
+    intact = tmp_path / "intact"
+    write_shards(intact, [encode_tokens(ramp(40 * k, 5 + k % 31)) for k in range(60)],
+                 max_shard_bytes=1 << 17)
+    idx = sorted(intact.glob("*.idx"))[0]
+    monkeypatch.setenv("NDP_COUNT_CACHE", str(tmp_path / "off-counts"))
+    want, _ = _outcome(intact, mode)
+    assert isinstance(want, list) and want[1] > 0
+    monkeypatch.setenv("NDP_COUNT_CACHE", str(tmp_path / "counts"))
+    if cache == "stale":
+        _outcome(intact, mode)  # the intact count, cached
+    raw = idx.read_bytes()
+    st = os.stat(idx)
+    lie = _lie(case, np.frombuffer(raw[INDEX_HEADER_BYTES:], INDEX_ENTRY_DTYPE))
+    idx.write_bytes(raw[:INDEX_HEADER_BYTES] + lie.tobytes())
+    if cache == "stale":
+        os.utime(idx, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif cache == "warm":
+        _outcome(intact, mode)  # the damaged files' count, cached
+    got, said = _outcome(intact, mode)
+    if case == "typ":  # the packet's header shows it as it is decoded: refused by name;
+        # a stale count, made from the intact entries, is refused first, by the digests
+        assert got == ("CountCacheError" if cache == "stale" else "IndexMismatchError")
+        return
+    assert got[1::2] == want[1::2]
+    assert same(got[0], want[0]) and same(got[2], want[2])
+    assert said and all("scanning the shard instead" in w for w in said)
+
+
+def test_a_cached_count_made_from_other_entries_is_refused_and_removed(data, monkeypatch):
+    """A count file for this key whose entries digests are not the ones the indexes hold
+    (what an index changed in place with its stamp kept would leave): a named error before
+    any batch of that shard, the file removed, and the next run counts afresh."""
+    import zlib
+
+    from ndp.errors import CountCacheError
+
+    first = Loader(data, mode="packed", rank=0, **KW)
+    n = len(first)
+    want = batches(first)
+    first.close()
+    shared = SharedCount.open({**first.plan.count_fields(0), "count_version": VERSION})
+    raw = json.loads(shared.path.read_text())
+    result = raw["result"]
+    assert result["digests"] and all(d is not None for d in result["digests"])
+    result["digests"][0] ^= 1
+    result["batches"] = n + 3  # what such a count would say
+    raw["crc32"] = zlib.crc32(json.dumps(result, sort_keys=True).encode())
+    shared.path.write_text(json.dumps(raw))
+    with pytest.raises(CountCacheError, match="counted afresh"):
+        batches(Loader(data, mode="packed", rank=0, **KW))
+    assert not shared.path.exists()
+    again = Loader(data, mode="packed", rank=0, **KW)
+    assert len(again) == n and same(batches(again), want)
+    again.close()
+
+
+def test_an_index_rewritten_in_place_is_counted_again(data, monkeypatch):
+    """The held-out trial's: a count made from an index later repaired (or damaged) in place
+    must not be found for it: the count's key names each index file's size and time."""
+    import os
+
+    made = passes(monkeypatch)
+    Loader(data, **{**KW, "mode": "packing"}).plan.epoch_batches(0)
+    Loader(data, **{**KW, "mode": "packing"}).plan.epoch_batches(0)
+    assert len(made) == 1
+    idx = sorted(data.glob("*.idx"))[0]
+    st = os.stat(idx)
+    idx.write_bytes(idx.read_bytes())  # the same bytes, written again: another version
+    os.utime(idx, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    Loader(data, **{**KW, "mode": "packing"}).plan.epoch_batches(0)
+    assert len(made) == 2
