@@ -111,7 +111,8 @@ from ndp.loader.elastic import from_record, from_states
 from ndp.engine.cpu import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
 from ndp.errors import LoaderUsageError
-from ndp.loader.options import MODES, check_cache_limit, check_options  # noqa: F401 - MODES
+from ndp.loader.options import (  # noqa: F401 - MODES
+    MODES, check_cache_limit, check_options, check_world, no_batch)
 from ndp.loader.order import ORDER, WINDOW_BYTES, check_window, drop_mask, rank_and_world
 from ndp.loader.plan import Plan
 from ndp.loader.producer import EPOCH_END, Producer
@@ -196,6 +197,7 @@ class Loader:
         self.mode, self.batch_size, self.seq_len = mode, batch_size, seq_len
         self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
         self.rank, self.world_size = rank_and_world(rank, world_size)
+        check_world(self.corpus.n_packets, self.world_size, self._where())
         self.crc_drop_rate, self.prefetch, self.output = crc_drop_rate, prefetch, output
         self.progress = progress
         self.chunk_batches = chunk_batches or max(
@@ -343,9 +345,16 @@ class Loader:
                     self.stats.wait_seconds += time.perf_counter() - t
                     if item[0] is EPOCH_END:
                         self._cut.end()
+                        ended = self.epoch
                         _, self._state, counted = item
                         self.stats.add(counted)
                         finished = True
+                        if self.plan.epoch_batches(ended) == 0:
+                            raise no_batch(
+                                where=self._where(), epoch=ended, rank=self.rank,
+                                world_size=self.world_size, mode=self.mode,
+                                batch_size=self.batch_size, seq_len=self.seq_len,
+                                n_packets=self.corpus.n_packets)
                         return
                     _, epoch, chunk = item
                     for batch, laid in self._ring.serve(chunk.slot, chunk.layout.batches):
@@ -362,6 +371,14 @@ class Loader:
                 self._active = None
                 if not finished:  # left early (break, exception, garbage collection)
                     self._stop_producer()
+
+    def _where(self) -> str:
+        """The data read, for a message: a remote dataset's URL, the shards' directory, or
+        the one shard."""
+        if self.corpus.remotes:
+            return self.corpus.remotes[0].url
+        paths = self.corpus.paths
+        return str(paths[0]) if len(paths) == 1 else f"{paths[0].parent} ({len(paths)} shards)"
 
     def _get(self) -> Any:
         return self._running.get()

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ndp.engine.cpu import OUTPUTS, grow
-from ndp.errors import CacheFullError, ConfigError
+from ndp.errors import CacheFullError, ConfigError, DataError
 from ndp.loader.order import shards_at_once
 
 MODES = ("padded", "packed", "packing")
@@ -104,3 +104,36 @@ def check_batch_memory(*, mode: str, batch_size: int, seq_len: int, prefetch: in
         f"int64 outputs ({', '.join(outputs)})", need,
         "make seq_len smaller (a row need not be longer than the longest packet, padded), or "
         "batch_size, prefetch or chunk_batches")
+
+
+def check_world(n_packets: int, world_size: int, where: str) -> None:
+    """``DataError`` if ``world_size`` ranks leave a rank no packet (every epoch would make no
+    batch on every rank: a loop over epochs would never take a step)."""
+    if n_packets < world_size:
+        raise DataError(
+            f"{where}: {n_packets:,} packets for world_size={world_size}: every rank's share "
+            f"of an epoch holds whole packets, and ranks take as many (the rest is cut), so "
+            f"each rank would get none and no epoch would make a batch. Use at most "
+            f"{n_packets:,} ranks, or add data")
+
+
+def no_batch(*, where: str, epoch: int, rank: int, world_size: int, mode: str,
+             batch_size: int, seq_len: int, n_packets: int) -> DataError:
+    """The ``DataError`` for an epoch that made no batch (a training loop over epochs would
+    spin on it forever without a step): what the data and the settings give, and what to
+    change."""
+    share = n_packets // world_size
+    if mode == "padded":
+        need = f"a padded batch takes {batch_size:,} packets (fewer make a last, short batch)"
+    elif mode == "packed":
+        need = (f"a packed batch takes batch_size x seq_len + 1 = {batch_size * seq_len + 1:,} "
+                f"tokens of a rank's share")
+    else:
+        need = (f"a packing batch takes whole packets into {batch_size:,} rows of "
+                f"{seq_len:,} tokens")
+    ranks = f" of each of {world_size} ranks" if world_size > 1 else ""
+    return DataError(
+        f"{where}: epoch {epoch} makes no batch on rank {rank}: the share{ranks} holds "
+        f"{share:,} of the {n_packets:,} packets, too few for one batch (after any CRC-Drop, "
+        f"mixing or damaged packets): {need}. A loop over epochs would never take a step: "
+        f"lower `batch_size` or `seq_len`, use fewer ranks, or add data")
