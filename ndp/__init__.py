@@ -21,6 +21,7 @@ from ndp.engine.decoder import CpuDecoder, Decoder
 from ndp.errors import (
     CacheFullError,
     ConfigError,
+    CountCacheError,
     DataError,
     IndexMismatchError,
     LoaderStateError,
@@ -46,7 +47,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CacheFullError", "RemoteDataset", "RemoteError",
-    "ConfigError", "Corpus", "DataError", "LoaderStateError", "LoaderUsageError",
+    "ConfigError", "Corpus", "CountCacheError", "DataError", "LoaderStateError", "LoaderUsageError",
     "ManifestError", "CpuDecoder", "Decoder", "Loader", "LoaderStats", "NDPDataset",
     "QubGPUDataset", "resolve_backend", "DecodeStats", "DropReason", "Dst", "Index", "IndexMismatchError",
     "NDPError", "PackedBatch", "Packet", "PacketError", "PaddedBatch", "PaddedBuffers",

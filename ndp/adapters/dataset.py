@@ -66,13 +66,14 @@ import numba
 import numpy as np
 
 from ndp.store.corpus import Corpus, PathLike
-from ndp.errors import ConfigError, IndexMismatchError, ItemIndexError, renamed
+from ndp.errors import IndexMismatchError, ItemIndexError, renamed
 from ndp.wire.format import IGNORE_INDEX, TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
 from ndp.kernels.build import in_loss, token_at, token_layout
 from ndp.kernels.crc16 import CRC16_TABLES, packet_status
 from ndp.kernels.verdict import NO_VOCAB, status_of, verdicts_cpu
+from ndp.checks import INT32_END, choice, integer
 from ndp.loader.options import check_memory
-from ndp.loader.order import drop_mask
+from ndp.loader.order import check_drop_rate, drop_mask
 
 
 # Not cached on disk: Numba's cache checks only the file a function is defined in, and this one
@@ -131,16 +132,19 @@ class NDPDataset:
         cache_dir: PathLike | None = None,
         cache_limit: int | None = None,
     ) -> None:
-        if seq_len < 1:
-            raise ConfigError(f"seq_len must be >= 1, got {seq_len}")
+        integer("seq_len", seq_len, least=1)
+        integer("pad_token_id", pad_token_id, least=-INT32_END, most=INT32_END - 1)
+        integer("seed", seed, least=0)
+        integer("epoch", epoch, least=0)
+        integer("vocab_size", vocab_size, least=1, most=INT32_END, none=True)
+        integer("cache_limit", cache_limit, least=1, none=True)
+        choice("on_stale", on_stale, ("rebuild", "error"))
+        choice("manifest", manifest, ("check", "ignore"))
+        check_drop_rate(crc_drop_rate)
         # an item is three int64 rows of seq_len; a batch of them is the DataLoader's
         check_memory(f"NDPDataset(seq_len={seq_len:,}): an item (input_ids, labels, "
                      f"attention_mask, int64)", 3 * 8 * int(seq_len),
                      "make seq_len smaller (a row need not be longer than the longest packet)")
-        if not 0.0 <= crc_drop_rate < 1.0:
-            raise ConfigError(f"crc_drop_rate must be in [0, 1), got {crc_drop_rate}")
-        if on_stale not in ("rebuild", "error"):
-            raise ConfigError(f"on_stale must be 'rebuild' or 'error', got {on_stale!r}")
         self.seq_len = int(seq_len)
         self.pad_token_id = int(pad_token_id)
         self.crc_drop_rate = float(crc_drop_rate)

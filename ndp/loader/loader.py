@@ -112,8 +112,8 @@ from ndp.engine.cpu import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
 from ndp.errors import LoaderUsageError
 from ndp.loader.options import (  # noqa: F401 - MODES
-    MODES, check_cache_limit, check_options, check_world, no_batch)
-from ndp.loader.order import ORDER, WINDOW_BYTES, check_window, drop_mask, rank_and_world
+    MODES, check_cache_limit, check_options, check_world, data_name, no_batch)
+from ndp.loader.order import ORDER, WINDOW_BYTES, check_window, rank_and_world
 from ndp.loader.plan import Plan
 from ndp.loader.producer import EPOCH_END, Producer
 from ndp.progress import progress_bar
@@ -145,6 +145,20 @@ def _stop_all() -> None:
     in a script that simply ended without ``close()``."""
     for loader in list(_LIVE):
         loader._stop_producer()
+
+
+def _forked() -> None:
+    """In a child process just forked: a Loader whose threads were running at the fork is
+    refused there by name (its producer, plan and warmer threads are not in the child, and a
+    lock one of them held stays held); one that never ran, or was stopped, starts its own."""
+    for loader in list(_LIVE):
+        if loader._running.running:
+            loader._forked_from = loader._pid
+        loader._pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 class Loader:
@@ -184,8 +198,15 @@ class Loader:
     ) -> None:
         check_options(mode=mode, batch_size=batch_size, seq_len=seq_len, prefetch=prefetch,
                       seed=seed, pad_token_id=pad_token_id, chunk_batches=chunk_batches,
-                      vocab_size=vocab_size, output=output)
-        drop_mask(0, seed=seed, epoch=0, rate=crc_drop_rate)  # validates the rate
+                      vocab_size=vocab_size, output=output, crc_drop_rate=crc_drop_rate,
+                      shuffle=shuffle, resident=resident, progress=progress, verify=verify,
+                      manifest=manifest, device=device, device_budget=device_budget,
+                      cache_limit=cache_limit, mix=mix)
+        # Python's own types from here on (a NumPy int or bool passes the checks)
+        batch_size, seq_len, prefetch, seed, pad_token_id = map(
+            int, (batch_size, seq_len, prefetch, seed, pad_token_id))
+        crc_drop_rate, shuffle = float(crc_drop_rate), bool(shuffle)
+        chunk_batches = None if chunk_batches is None else int(chunk_batches)
         self.backend = resolve_backend(backend)
         self.corpus = data if isinstance(data, Corpus) else Corpus(
             data, verify=verify, manifest=manifest, storage_options=storage_options,
@@ -240,6 +261,9 @@ class Loader:
         self._running = ProducerThread(self._producer, self._ring, self.plan, prefetch)
         self._lock = threading.Lock()
         self._active: object | None = None  # the loop iterating, one at a time
+        self._pid = os.getpid()
+        #: the process this Loader's running threads were left in by a fork (``_forked``)
+        self._forked_from: int | None = None
 
     # ----------------------------------------------------------------------- state / resume
     def state_dict(self) -> dict:
@@ -316,6 +340,13 @@ class Loader:
 
         The producer thread outlives the epoch (it is already decoding the next one); leaving
         the loop early, ``close()``, ``load_state_dict`` or dropping the loader stops it."""
+        if self._forked_from is not None:
+            raise LoaderUsageError(
+                f"this Loader was running in process {self._forked_from} when it forked this "
+                f"one ({os.getpid()}): its producer threads are not here, and a lock they held "
+                f"stays held. Make a Loader in the child process (a Loader made before the "
+                f"fork and not iterated yet works in the child), or use NDPDataset with "
+                f"DataLoader workers")
         self._cut.start(self.epoch)  # before the epoch's first batch and its producer, once
         token = object()
         with self._lock:
@@ -354,7 +385,8 @@ class Loader:
                                 where=self._where(), epoch=ended, rank=self.rank,
                                 world_size=self.world_size, mode=self.mode,
                                 batch_size=self.batch_size, seq_len=self.seq_len,
-                                n_packets=self.corpus.n_packets)
+                                n_packets=self.corpus.n_packets,
+                                share=self.plan.share(ended).length)
                         return
                     _, epoch, chunk = item
                     for batch, laid in self._ring.serve(chunk.slot, chunk.layout.batches):
@@ -373,12 +405,7 @@ class Loader:
                     self._stop_producer()
 
     def _where(self) -> str:
-        """The data read, for a message: a remote dataset's URL, the shards' directory, or
-        the one shard."""
-        if self.corpus.remotes:
-            return self.corpus.remotes[0].url
-        paths = self.corpus.paths
-        return str(paths[0]) if len(paths) == 1 else f"{paths[0].parent} ({len(paths)} shards)"
+        return data_name(self.corpus)
 
     def _get(self) -> Any:
         return self._running.get()

@@ -4,41 +4,53 @@ value given and what it may be (``ndp.errors.ConfigError``); and whether a remot
 
 from __future__ import annotations
 
-import numbers
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from ndp.checks import INT32_END, choice, flag, integer
 from ndp.engine.cpu import OUTPUTS, grow
 from ndp.errors import CacheFullError, ConfigError, DataError
-from ndp.loader.order import shards_at_once
+from ndp.loader.order import check_drop_rate, shards_at_once
 
 MODES = ("padded", "packed", "packing")
 
 
 def check_options(*, mode: str, batch_size: int, seq_len: int, prefetch: int, seed: int,
                   pad_token_id: int, chunk_batches: int | None, vocab_size: int | None,
-                  output: str) -> None:
-    """``ConfigError`` for a mode, integer or output the Loader cannot work with; torch
-    imported now if the batches are to be torch tensors, so a missing torch is said at once."""
-    if mode not in MODES:
-        raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
-    for name, value, least in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1),
-                               ("prefetch", prefetch, 0), ("seed", seed, 0),
-                               ("pad_token_id", pad_token_id, None),
-                               ("chunk_batches", chunk_batches, 1),
-                               ("vocab_size", vocab_size, 1)):
-        if value is None and name in ("chunk_batches", "vocab_size"):
-            continue
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
-        if least is not None and value < least:
-            raise ConfigError(f"{name} must be >= {least}, got {value}")
+                  output: str, crc_drop_rate: float = 0.0, shuffle: bool = True,
+                  resident: bool = False, progress: bool = False, verify: str = "size",
+                  manifest: str = "check", device: int | None = None,
+                  device_budget: int | None = None, cache_limit: int | None = None,
+                  mix: Any = None) -> None:
+    """``ConfigError`` for any option of a type or value the Loader cannot work with (one
+    check per option, ``ndp.checks``: a string for a number, a float for an integer, NaN, a
+    bool for a number, a name not among the allowed ones); torch imported now if the batches
+    are to be torch tensors, so a missing torch is said at once."""
+    choice("mode", mode, MODES)
+    batch_size = integer("batch_size", batch_size, least=1)
+    seq_len = integer("seq_len", seq_len, least=1)
+    prefetch = integer("prefetch", prefetch, least=0)
+    integer("seed", seed, least=0)
+    integer("pad_token_id", pad_token_id, least=-INT32_END, most=INT32_END - 1)
+    chunk_batches = integer("chunk_batches", chunk_batches, least=1, none=True)
+    integer("vocab_size", vocab_size, least=1, most=INT32_END, none=True)
+    check_drop_rate(crc_drop_rate)
+    for name, value in (("shuffle", shuffle), ("resident", resident), ("progress", progress)):
+        flag(name, value)
+    choice("verify", verify, ("size", "full"))
+    choice("manifest", manifest, ("check", "ignore"))
+    integer("device", device, least=0, none=True)
+    integer("device_budget", device_budget, least=1, none=True)
+    integer("cache_limit", cache_limit, least=1, none=True)
+    if mix is not None and not isinstance(mix, Mapping):
+        raise ConfigError(f"mix must be a dict of {{source: weight}} or None, got "
+                          f"{type(mix).__name__}")
     check_batch_memory(mode=mode, batch_size=batch_size, seq_len=seq_len, prefetch=prefetch,
                        chunk_batches=chunk_batches)
-    if output not in ("torch", "arrays"):
-        raise ConfigError(f"output must be 'torch' or 'arrays', got {output!r}")
+    choice("output", output, ("torch", "arrays"))
     if output == "torch":
         try:
             import torch  # noqa: F401 - the consumer needs it anyway; say so now
@@ -106,10 +118,21 @@ def check_batch_memory(*, mode: str, batch_size: int, seq_len: int, prefetch: in
         "batch_size, prefetch or chunk_batches")
 
 
+def data_name(corpus: Any) -> str:
+    """The data a corpus reads, for a message: a remote dataset's URL, the shards' directory,
+    or the one shard."""
+    if corpus.remotes:
+        return corpus.remotes[0].url
+    paths = corpus.paths
+    return str(paths[0]) if len(paths) == 1 else f"{paths[0].parent} ({len(paths)} shards)"
+
+
 def check_world(n_packets: int, world_size: int, where: str) -> None:
     """``DataError`` if ``world_size`` ranks leave a rank no packet (every epoch would make no
-    batch on every rank: a loop over epochs would never take a step)."""
-    if n_packets < world_size:
+    batch on every rank: a loop over epochs would never take a step). Data of no packet at
+    all is the corpus' to refuse (``manifest='ignore'`` reads it, warned: its epochs end in
+    ``no_batch``)."""
+    if 0 < n_packets < world_size:
         raise DataError(
             f"{where}: {n_packets:,} packets for world_size={world_size}: every rank's share "
             f"of an epoch holds whole packets, and ranks take as many (the rest is cut), so "
@@ -118,11 +141,11 @@ def check_world(n_packets: int, world_size: int, where: str) -> None:
 
 
 def no_batch(*, where: str, epoch: int, rank: int, world_size: int, mode: str,
-             batch_size: int, seq_len: int, n_packets: int) -> DataError:
+             batch_size: int, seq_len: int, n_packets: int, share: int) -> DataError:
     """The ``DataError`` for an epoch that made no batch (a training loop over epochs would
     spin on it forever without a step): what the data and the settings give, and what to
-    change."""
-    share = n_packets // world_size
+    change. ``share``: the packets of the rank's share (after CRC-Drop, mixing and the cut
+    that keeps ranks equal)."""
     if mode == "padded":
         need = f"a padded batch takes {batch_size:,} packets (fewer make a last, short batch)"
     elif mode == "packed":
@@ -134,6 +157,7 @@ def no_batch(*, where: str, epoch: int, rank: int, world_size: int, mode: str,
     ranks = f" of each of {world_size} ranks" if world_size > 1 else ""
     return DataError(
         f"{where}: epoch {epoch} makes no batch on rank {rank}: the share{ranks} holds "
-        f"{share:,} of the {n_packets:,} packets, too few for one batch (after any CRC-Drop, "
-        f"mixing or damaged packets): {need}. A loop over epochs would never take a step: "
-        f"lower `batch_size` or `seq_len`, use fewer ranks, or add data")
+        f"{share:,} of the {n_packets:,} packets (after any CRC-Drop, mixing, and the cut "
+        f"that gives every rank as many), too few for one: {need}. A loop over epochs would "
+        f"never take a step: lower `batch_size` or `seq_len`, use fewer ranks, or add data "
+        f"(or a larger `mix_size`)")

@@ -42,6 +42,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ndp.checks import integer, real
 from ndp.errors import ConfigError
 from ndp.loader.shuffle import invert, permute, round_keys
 
@@ -53,12 +54,27 @@ _MIX_STREAM = 0x313C
 def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """Explicit values, else ``RANK`` / ``WORLD_SIZE`` from the environment, else (0, 1)."""
     if rank is None:
-        rank = int(os.environ.get("RANK", 0))
+        rank = environment_int("RANK", 0)
     if world_size is None:
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
+        world_size = environment_int("WORLD_SIZE", 1)
+    rank, world_size = integer("rank", rank), integer("world_size", world_size)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     return rank, world_size
+
+
+def environment_int(name: str, default: int) -> int:
+    """The integer environment variable ``name`` (a launcher's ``RANK``, ``WORLD_SIZE``), or
+    ``default`` if unset; ``ConfigError`` naming it if it is not an integer."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer (a launcher "
+                          f"sets it to this process' {name.lower()}); unset it, or pass "
+                          f"`{name.lower()}=` explicitly") from None
 
 
 #: the shuffle's name, recorded in loader states: a state is only valid for the order it was
@@ -262,9 +278,8 @@ def rank_share(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
 
 
 def check_drop_rate(rate: float) -> None:
-    """``ConfigError`` unless ``0 <= rate < 1``."""
-    if not 0.0 <= rate < 1.0:
-        raise ConfigError(f"crc_drop_rate must be in [0, 1), got {rate}")
+    """``ConfigError`` unless ``rate`` is a number with ``0 <= rate < 1``."""
+    real("crc_drop_rate", rate, least=0.0, below=1.0)
 
 
 def drop_mask(n_packets: int, *, seed: int, epoch: int, rate: float) -> np.ndarray:

@@ -15,6 +15,7 @@ import queue
 import threading
 from typing import Any
 
+from ndp.errors import LoaderUsageError
 from ndp.loader.producer import Failure
 
 
@@ -44,12 +45,21 @@ class ProducerThread:
         self._thread.start()
 
     def get(self) -> Any:
-        """The producer's next item; its exception raised here (the producer stopped first)."""
+        """The producer's next item; its exception raised here (the producer stopped first).
+        ``LoaderUsageError`` if the producer is stopped meanwhile by another thread
+        (``Loader.close()``, ``load_state_dict``): the thread and queue waited on are this
+        call's own, never another thread's half-reset ones."""
+        thread, items = self._thread, self._queue
         while True:
+            if thread is None or self._thread is not thread:
+                raise LoaderUsageError(
+                    "this Loader was closed or reset (close() or load_state_dict(), from "
+                    "another thread) while a loop waited for its next batch; start a new loop "
+                    "to go on from where it stopped")
             try:
-                item = self._queue.get(timeout=0.1)
+                item = items.get(timeout=0.1)
             except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
+                if not thread.is_alive() and items.empty() and self._thread is thread:
                     self._thread = None
                     raise RuntimeError("ndp loader: the producer thread ended without a result")
                 continue

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ndp.checks import real
 from ndp.errors import ConfigError
 from ndp.loader.order import mix
 
@@ -41,7 +42,7 @@ def mix_sources(corpus: Any, weights: dict | None, mix_by: str
         if name not in present:
             raise ConfigError(f"mix names {key!r}, which is not a {mix_by} of this corpus "
                               f"(it has {sorted(present)})")
-        named[name] = float(w)
+        named[name] = real(f"the mix weight of {key!r}", w, least=0.0)
     missing = sorted(set(present) - set(named))
     if missing:
         raise ConfigError(f"mix gives no weight to {missing}; give each {mix_by} a weight "

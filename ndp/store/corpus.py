@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from ndp.checks import choice
 from ndp.errors import ConfigError, DataError, ShardFormatError, past_aliases
 from ndp.wire.format import SHARD_SUFFIX, SYNC
 from ndp.store.index import Corruption, Index, ScanResult, check_headers
 from ndp.store.columns import Column, entries_at
 from ndp.store.lazy import EntryCache, LazyIndex, entries_digest, open_index
 from ndp.store.manifest import ManifestError, entries_by_name, listed_shards
+from ndp.store.manifest_fields import check_identity, check_tokenizers, tokenizer_of
 from ndp.store.remote import RemoteDataset, RemoteShard, is_url
 from ndp.store.shard import Shard
 
@@ -36,8 +38,8 @@ def shard_paths(paths: PathLike | Sequence[PathLike], *,
 
 
 def listed(paths: PathLike | Sequence[PathLike], *, manifest: str = "check",
-           remote: dict | None = None, datasets: list | None = None
-           ) -> tuple[list[tuple[Any, dict | None]], list[dict]]:
+           remote: dict | None = None, datasets: list | None = None,
+           sources: list | None = None) -> tuple[list[tuple[Any, dict | None]], list[dict]]:
     """Each shard with its manifest entry (None for a shard named directly or read without a
     manifest), and the manifests read. A directory must be a whole dataset by its manifest
     (``ndp.store.manifest.listed_shards``) unless ``manifest`` is "ignore". A URL is a remote
@@ -59,6 +61,8 @@ def listed(paths: PathLike | Sequence[PathLike], *, manifest: str = "check",
             datasets.append(dataset)
             out.extend(zip(dataset.shards, dataset.entries))
             manifests.append(dataset.manifest)
+            if sources is not None:
+                sources.append(str(item))
             continue
         p = Path(item)
         if p.is_dir():
@@ -70,6 +74,8 @@ def listed(paths: PathLike | Sequence[PathLike], *, manifest: str = "check",
             out.extend((f, entries.get(f.name)) for f in found)
             if record is not None:
                 manifests.append(record)
+                if sources is not None:
+                    sources.append(str(p))
         elif p.exists():
             out.append((p, None))
         else:
@@ -143,23 +149,29 @@ class Corpus:
                  on_stale: str = "rebuild", verify: str = "size", manifest: str = "check",
                  storage_options: dict | None = None, cache_dir: PathLike | None = None,
                  cache_limit: int | None = None):
+        choice("on_stale", on_stale, ("rebuild", "error"))
+        choice("verify", verify, ("size", "full"))
+        choice("manifest", manifest, ("check", "ignore"))
         remote = {"storage_options": storage_options, "cache_dir": cache_dir,
                   "cache_limit": cache_limit}
         #: the remote datasets read (``ndp.store.remote.RemoteDataset``)
         self.remotes: list[RemoteDataset] = []
+        sources: list[str] = []  # where each manifest was read, for messages
         if isinstance(paths, Mapping):
             self.groups = list(paths)
             grouped = [listed(paths[name], manifest=manifest, remote=remote,
-                              datasets=self.remotes) for name in self.groups]
+                              datasets=self.remotes, sources=sources) for name in self.groups]
         else:
             self.groups = ["all"]
-            grouped = [listed(paths, manifest=manifest, remote=remote, datasets=self.remotes)]
+            grouped = [listed(paths, manifest=manifest, remote=remote, datasets=self.remotes,
+                              sources=sources)]
         pairs = [pair for ps, _ in grouped for pair in ps]
         shard_group = [g for g, (ps, _) in enumerate(grouped) for _ in ps]
         #: the manifests of the directories read (``ndp.json``, as dicts)
         self.manifests = [m for _, ms in grouped for m in ms]
+        check_tokenizers(self.manifests, sources)  # token ids of one vocabulary only
         #: the largest vocabulary size the manifests record (None if none does)
-        sizes = [m.get("tokenizer", {}).get("vocab_size") for m in self.manifests]
+        sizes = [tokenizer_of(m).get("vocab_size") for m in self.manifests]
         self.vocab_size = max([v for v in sizes if isinstance(v, int) and v > 0], default=None)
         if not pairs:
             raise ConfigError("no shards given")
@@ -187,6 +199,7 @@ class Corpus:
         self._expected: dict[int, list[tuple[int, Any]]] = {}
         self._digest_lock = threading.Lock()
         stamps = []  # which version of each index was opened (``index_stamp``)
+        scans: list[ScanResult | None] = []  # the scans that replaced an index at open
         for s, shard in enumerate(self.shards):
             def found(scan: ScanResult, path: Path = shard.path) -> None:
                 self.corruption.extend((path, c) for c in scan.corrupt)
@@ -205,19 +218,15 @@ class Corpus:
                     stamps.append((st.st_size, st.st_mtime_ns))
                 else:  # the shard's own packets: named by the shard's bytes
                     stamps.append(("scan", index.shard_crc32, len(index)))
+            scans.append(scan)
             if scan is not None:
                 found(scan)
             _refuse(no_data(shard, index), manifest)
             shard.close()  # a rebuild scanned its mapping: read on with pread, files closed
-        for path, (_, entry), index in zip(self.paths, pairs, self.indexes):
-            if entry is not None and (index.shard_crc32 != entry["crc32"]
-                                      or len(index) != entry.get("packets", len(index))):
-                warnings.warn(
-                    f"{path}: crc32 {index.shard_crc32:#010x} and {len(index)} packets where the "
-                    f"dataset's manifest recorded {entry['crc32']:#010x} and "
-                    f"{entry.get('packets')}: the shard was damaged after it was written; its "
-                    f"damaged packets are dropped and counted as they are decoded ('ndp verify' "
-                    f"shows where)", stacklevel=past_aliases(3))
+        for path, (_, entry), index, scan in zip(self.paths, pairs, self.indexes, scans):
+            if entry is not None:  # the shard the manifest lists, or refused
+                check_identity(path, entry, index.shard_crc32, len(index), scan,
+                               stacklevel=past_aliases(3))
         sizes = np.array([len(i) for i in self.indexes], np.int64)
         self.base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.n_packets = int(self.base[-1])

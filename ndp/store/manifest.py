@@ -35,6 +35,7 @@ from typing import Any
 
 from ndp.store.atomic import atomic_write
 from ndp.errors import ConfigError, ManifestError
+from ndp.store.manifest_fields import check_fields
 from ndp.wire.format import INDEX_SUFFIX, SHARD_SUFFIX
 
 MANIFEST = "ndp.json"
@@ -70,8 +71,9 @@ def parse_manifest(text: str | bytes, where: str | os.PathLike,
                 f"{directory}' after 'ndp verify --no-manifest' passes") from None
     try:
         manifest = json.loads(text)
-    except ValueError as exc:
-        raise ManifestError(f"{where}: not valid JSON ({exc}); the manifest is damaged: "
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested past Python's limit
+        why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise ManifestError(f"{where}: not valid JSON ({why}); the manifest is damaged: "
                             f"re-run the conversion, or 'ndp index --write-manifest "
                             f"{directory}' after 'ndp verify --no-manifest' passes") from None
     shards = manifest.get("shards") if isinstance(manifest, dict) else None
@@ -85,6 +87,7 @@ def parse_manifest(text: str | bytes, where: str | os.PathLike,
     if len(set(names)) != len(names) or any("/" in n or n.startswith(".") for n in names):
         raise ManifestError(f"{where}: lists a shard twice or a name that is not a file of "
                             f"its directory; the manifest is damaged")
+    check_fields(manifest, where)  # every field ndp reads, by type and range
     return manifest
 
 

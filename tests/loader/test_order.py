@@ -115,10 +115,16 @@ def test_upsampled_epochs_resume_exactly(groups, size):
 
 def test_a_set_number_smaller_than_the_ranks_leaves_some_ranks_nothing(groups):
     """mix_size=1 on 2 ranks: rank 1's part is 0 packets (it once fell back to 'shortest' and
-    read a whole epoch)."""
+    read a whole epoch); every rank delivers the smallest count, none, and says so: a loop
+    over such epochs would never take a step (ndp.loader.options.no_batch)."""
+    from ndp.errors import DataError
+
     lds = [loader(groups, mix_size=1, rank=r, world_size=2) for r in range(2)]
-    assert [len(ld) for ld in lds] == [0, 0]  # every rank delivers the smallest count
-    assert [len(epoch(ld)) for ld in lds] == [0, 0]
+    assert [len(ld) for ld in lds] == [0, 0]
+    for r, ld in enumerate(lds):
+        with pytest.raises(DataError, match=rf"epoch 0 makes no batch on rank {r}: the share "
+                                            rf"of each of 2 ranks holds 0 of the"):
+            epoch(ld)
     merged, unused, _ = mix(parts_of([5, 3]), np.array([1.0, 1.0]), seed=0, epoch=0, rank=0,
                             size=0)
     assert merged.shape[0] == 0 and unused.tolist() == [5, 3]
