@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"wire", "store", "engine", "loader", "convert", "cli", "adapters"}
-LOOSE = {"__init__.py", "errors.py", "progress.py"}  # what may stand at the top of ndp/
+LOOSE = {"__init__.py", "errors.py", "checks.py", "progress.py"}  # what may stand at the top of ndp/
 
 
 def _module(path: Path) -> str:

@@ -113,11 +113,11 @@ class PacketMaker:
                 n = most
             elif n > most:
                 summary.split += 1
-            for lo in range(0, n, most):
+            for lo in range(0, n, most):  # a split document's later pieces say so
                 hi = min(n, lo + most)
                 part = None if mask is None else mask[lo:hi]
                 writer.write(encode_tokens(ids[lo:hi], width=width, mask=part,
-                                           src=opts.src, dst=opts.dst))
+                                           src=opts.src, dst=opts.dst, continues=lo > 0))
                 summary.packets += 1
                 summary.tokens += hi - lo
         batch.clear()

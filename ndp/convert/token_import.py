@@ -157,7 +157,7 @@ def convert_token_files(
                         hi = min(b, lo + cap)
                         mask = None if tf.mask is None else tf.mask[lo:hi]
                         writer.write(encode_tokens(tf.tokens[lo:hi], width=width, mask=mask,
-                                                   src=src, dst=dst))
+                                                   src=src, dst=dst, continues=lo > a))
                         summary.packets += 1
                         summary.masked_packets += mask is not None
                     bar.update(b - a)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ndp.engine.cpu import CpuEngine, Slot, Staged, TooManyShards
 from ndp.loader.layout import Layout, packed_layout, packing_layout, padded_layout
+from ndp.loader import units
 from ndp.loader.plan import Plan
 
 
@@ -53,6 +54,7 @@ class ChunkDecoder:
         n = share.shape[0]
         most = reach = batches or self.chunk_batches  # batches it makes, and plans to reach
         engine.acquire(slot)
+        documents = units.active(plan.corpus, plan.mode)  # places hold whole documents
         while True:
             q = plan.chunk_end(share, pos, tok, reach)
             final = own_end is not None and q <= own_end
@@ -67,6 +69,10 @@ class ChunkDecoder:
                 # them first and hold them for it (a lie rescanned or refused)
                 plan.corpus.settle(packets)
             entries = tables.entries(pos, q) if tables is not None else None
+            ex = None
+            if documents:  # each place's document: its packet and the later pieces after it
+                ex = units.expand(plan.corpus, packets, shard_ids, entries)
+                packets, shard_ids, entries = ex.packets, ex.shard_ids, ex.entries
             try:
                 staged = self.stager.stage(packets, slot, entries, shard_ids)
             except TooManyShards:
@@ -83,7 +89,8 @@ class ChunkDecoder:
                 # lie, from the bytes staged on the host (a GPU's stage checks as it copies);
                 # every entry passed its index's first-use check (``LazyIndex.read_at``)
                 plan.corpus.check_headers(packets, staged.data, staged.offsets, entries)
-            layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final)
+            layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final,
+                                  ex)
             if layout.batches or layout.end is not None or q >= n:
                 break
             reach *= 2  # dropped packets held too few tokens: take more of them (as many
@@ -96,15 +103,20 @@ class ChunkDecoder:
         return Chunk(slot, layout)
 
     def _layout(self, verdicts: np.ndarray, share: np.ndarray, pos: int, tok: int,
-                counted_upto: int, batches: int, share_ends: bool, final: bool) -> Layout:
+                counted_upto: int, batches: int, share_ends: bool, final: bool,
+                ex: units.Expanded | None = None) -> Layout:
         plan = self.plan
         B, T = plan.batch_size, plan.seq_len
         if plan.mode == "padded":
             return padded_layout(verdicts, batch_size=B, max_len=T, pos=pos)
         if plan.mode == "packed":
-            return packed_layout(verdicts, batch_size=B, seq_len=T, pos=pos, tok=tok,
-                                 counted_from=max(counted_upto - pos, 0), max_batches=batches,
-                                 share_ends=share_ends, final=final)
+            since = max(counted_upto - pos, 0)
+            layout = packed_layout(
+                verdicts, batch_size=B, seq_len=T, pos=pos, tok=tok,
+                counted_from=since if ex is None else units.counted_from(ex, since),
+                max_batches=batches, share_ends=share_ends, final=final,
+                units=None if ex is None else ex.first_of)
+            return layout if ex is None else units.to_places(layout, ex, verdicts, pos)
         return packing_layout(verdicts, lambda at: plan.candidates(share, pos + at) - pos,
                               batch_size=B, row_len=T, pos=pos, max_batches=batches,
                               share_ends=share_ends)

@@ -196,7 +196,8 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
                     break
                 greedy(column[win.flat(np.arange(a, b, dtype=np.int64))], a, b)
                 continue
-            toks = window_tokens(corpus, win, a, b)  # in file order: the index read in order
+            # in file order: the index read in order (packed: each place's document)
+            toks = window_tokens(corpus, win, a, b, documents=mode == "packed")
             places = at + win.places(np.arange(a, b, dtype=np.int64))
             within = places < limit
             ranks, toks = places[within] % W, toks[within].astype(np.int64)

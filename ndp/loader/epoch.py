@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ndp.loader import units
 from ndp.loader.order import Window, check_drop_rate, drop_ranges, epoch_windows
 from ndp.loader.packing import count_batches_by_rank
 from ndp.loader.truncation import Cut, cut_of
@@ -82,7 +83,10 @@ def plan_epoch(corpus: Any, *, epoch: int, seed: int, shuffle: bool, shard_bytes
         else:
             batches = int(totals.carry[2].min())
         cut = None
-    return EpochPlan(own[:length], length, batches, dropped, kept - length, walk.peak, cut)
+    balanced = kept - length  # in packets: packed mode's places hold documents (``units``)
+    if balanced and units.active(corpus, mode):
+        balanced = int(units.place_sizes(corpus, own[length:kept]).sum())
+    return EpochPlan(own[:length], length, batches, dropped, balanced, walk.peak, cut)
 
 
 @dataclass
@@ -147,7 +151,8 @@ class _Walk:
                     self._held(toks)
                 if drop is not None:
                     lost = drop[first::W]
-                    tot.dropped += int(lost.sum())
+                    tot.dropped += (int(lost.sum()) if not units.active(self.corpus, self.mode)
+                                    else int(units.place_sizes(self.corpus, mine[lost]).sum()))
                     mine = mine[~lost]
                     toks = None if toks is None else toks[~lost]
                 own[tot.n_own: tot.n_own + mine.shape[0]] = mine
@@ -174,7 +179,7 @@ class _Walk:
         W = self.world
         # a kept packet's place in its rank's share: kept before it, this window and earlier
         take = kept if every else kept & (np.cumsum(kept, axis=0) + tot.kept <= length)
-        tokens = window_tokens(self.corpus, win)
+        tokens = window_tokens(self.corpus, win, documents=self.mode == "packed")
         table = _table(tokens if perm is None else tokens[perm], off, W, 0)
         self._held(take, table)
         if self.mode == "packed":
@@ -184,12 +189,15 @@ class _Walk:
                                   self.seq_len, tot.carry)
 
 
-def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None) -> np.ndarray:
+def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None, *,
+                  documents: bool = False) -> np.ndarray:
     """The token counts of ``win``'s packets in file order (before its permutation), those at
     file-order indices ``[a, b)`` (all by default; int32: a packet holds at most 65,535
     tokens): each range (a shard) read as a slice of the corpus' tokens, which reads an index
     in order (a gather of permuted packet numbers would sort them by shard first), in passing
-    (``Column.passing``: the pass does not push the decoder's entries out)."""
+    (``Column.passing``: the pass does not push the decoder's entries out). ``documents``:
+    the tokens each place holds in packed mode (``ndp.loader.units.place_tokens``: a whole
+    document's at its first piece, int64)."""
     b = win.size if b is None else b
     out = np.empty(max(b - a, 0), np.int32)
     tokens = corpus.tokens
@@ -203,6 +211,8 @@ def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None) ->
         at += hi - lo
         if at >= b:
             break
+    if documents and units.active(corpus, "packed"):
+        return units.place_tokens(corpus, win.packets_of(np.arange(a, b, dtype=np.int64)), out)
     return out
 
 

@@ -94,14 +94,17 @@ def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: i
 
 def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: int, tok: int,
                   counted_from: int, max_batches: int, share_ends: bool,
-                  final: bool = False) -> Layout:
+                  final: bool = False, units: np.ndarray | None = None) -> Layout:
     """Up to ``max_batches`` batches of windows from stream token ``tok`` of the chunk (which
     starts at share position ``pos``). ``counted_from``: the first chunk packet no earlier batch
     counted. ``share_ends``: the chunk runs to the end of this rank's share, so what its
     batches leave is the epoch's end (``Layout.end``: the rest of its packets, and the tokens
     left unused); so is ``final`` when the batches are all ``max_batches``: the chunk ends
-    the epoch's last batch and holds the rest of the share. The build plan is ``rows``, ``cum`` (stream position of each row, and the
-    total), ``start`` and ``windows``."""
+    the epoch's last batch and holds the rest of the share. ``units``: where each place's
+    packets start among the chunk's (and their end), when a place holds several (a document,
+    ``ndp.loader.units``): a batch that reaches a place's first packet counts all of them. The
+    build plan is ``rows``, ``cum`` (stream position of each row, and the total), ``start``
+    and ``windows``."""
     per_batch = batch_size * seq_len
     counted_from = min(counted_from, verdicts.shape[0])
     tokens = tokens_of(verdicts)
@@ -115,6 +118,8 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
     # the packets each batch reaches: those starting before one past the last token it reads
     reached = np.maximum.accumulate(np.maximum(
         np.searchsorted(starts, ends + 1, side="left"), counted_from))
+    if units is not None:  # to the end of the place (document) reached
+        reached = units[np.searchsorted(units, reached, side="left")]
     bounds = np.concatenate([[counted_from], reached])
     skips = np.searchsorted(run, ends, side="right").tolist()  # packets wholly before it
     run_list = run.tolist()

@@ -95,22 +95,21 @@ What the decoder did is counted in ``loader.counters`` (``ndp.engine.counters``)
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ndp.engine.backend import resolve_backend
 from ndp.loader.chunks import ChunkDecoder
-from ndp.loader.running import ProducerThread
+from ndp.loader.running import LIVE, ProducerThread, refuse_if_forked
 from ndp.store.corpus import Corpus
 from ndp.loader.elastic import from_record, from_states
 from ndp.engine.cpu import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
-from ndp.errors import LoaderUsageError
+from ndp.errors import LoaderUsageError, past_aliases
+from ndp.loader import units
 from ndp.loader.options import (  # noqa: F401 - MODES
     MODES, check_cache_limit, check_options, check_world, data_name, no_batch)
 from ndp.loader.order import ORDER, WINDOW_BYTES, check_window, rank_and_world
@@ -131,34 +130,6 @@ CHUNK_TOKENS = {"cuda": 1 << 22, "cpu": 1 << 20}
 #: batches per chunk by default at least, and at most
 CHUNK_BATCHES_MIN = {"cuda": 8, "cpu": 1}
 CHUNK_BATCHES_MAX = 64
-
-
-#: loaders whose producer thread may be running: stopped at interpreter exit (below)
-_LIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
-    """Stop every producer before the interpreter finalizes. A daemon thread still inside
-    compiled code then (a kernel, a compile) is ended by pthread_exit when it next takes the
-    GIL, which aborts the process ("terminate called without an active exception", SIGABRT)
-    in a script that simply ended without ``close()``."""
-    for loader in list(_LIVE):
-        loader._stop_producer()
-
-
-def _forked() -> None:
-    """In a child process just forked: a Loader whose threads were running at the fork is
-    refused there by name (its producer, plan and warmer threads are not in the child, and a
-    lock one of them held stays held); one that never ran, or was stopped, starts its own."""
-    for loader in list(_LIVE):
-        if loader._running.running:
-            loader._forked_from = loader._pid
-        loader._pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
 
 
 class Loader:
@@ -219,6 +190,8 @@ class Loader:
         self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
         self.rank, self.world_size = rank_and_world(rank, world_size)
         check_world(self.corpus.n_packets, self.world_size, self._where())
+        if mode == "packed":  # data split before pieces were marked: said, not silent
+            units.warn_unmarked(self.corpus, self._where(), stacklevel=past_aliases(3))
         self.crc_drop_rate, self.prefetch, self.output = crc_drop_rate, prefetch, output
         self.progress = progress
         self.chunk_batches = chunk_batches or max(
@@ -340,13 +313,7 @@ class Loader:
 
         The producer thread outlives the epoch (it is already decoding the next one); leaving
         the loop early, ``close()``, ``load_state_dict`` or dropping the loader stops it."""
-        if self._forked_from is not None:
-            raise LoaderUsageError(
-                f"this Loader was running in process {self._forked_from} when it forked this "
-                f"one ({os.getpid()}): its producer threads are not here, and a lock they held "
-                f"stays held. Make a Loader in the child process (a Loader made before the "
-                f"fork and not iterated yet works in the child), or use NDPDataset with "
-                f"DataLoader workers")
+        refuse_if_forked(self)
         self._cut.start(self.epoch)  # before the epoch's first batch and its producer, once
         token = object()
         with self._lock:
@@ -432,7 +399,7 @@ class Loader:
 
     def _start_producer(self) -> None:
         self._running.start(self._state)
-        _LIVE.add(self)
+        LIVE.add(self)
 
     def _stop_producer(self) -> None:
         self._running.stop()

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from ndp.loader import units
 from ndp.loader.count import Count
 from ndp.loader.epoch import plan_epoch
 from ndp.loader.order import (
@@ -249,7 +250,10 @@ class Plan(Reach):
                             batch_size=self.batch_size, seq_len=self.seq_len, known=known,
                             done=done)
         own = (n - self.rank + W - 1) // W  # this rank's places of the epoch
-        return Share(order, length, count, 0, {}, {}, own - length)
+        cut = own - length  # its places past the shares' length: counted as rank_balance
+        if cut and units.active(self.corpus, self.mode):  # in packets: each a document's
+            cut = self.place_packets(order.beyond(length, own))
+        return Share(order, length, count, 0, {}, {}, cut)
 
     def count_fields(self, epoch: int) -> dict:
         """What ``epoch``'s count depends on: its key among shared counts
@@ -298,9 +302,11 @@ class Plan(Reach):
         batches = min(self.batches_of(k[:m]) for k, *_ in every)
         own = kept[:m]
         packets = np.concatenate([own, own]) if self.mode == "packed" else own
-        return Share(packets, m, Count(batches), n_dropped, unused, again, kept.shape[0] - m,
-                     0 if rest is None else int(((rest.partial % self.world_size == self.rank)
-                                                 & (rest.partial // self.world_size < m)).sum()))
+        again_given = 0 if rest is None else self.place_packets(rest.packets[rest.partial[
+            (rest.partial % self.world_size == self.rank)
+            & (rest.partial // self.world_size < m)]])
+        return Share(packets, m, Count(batches), n_dropped, unused, again,
+                     self.place_packets(kept[m:]), again_given)
 
     def _kept(self, order: np.ndarray, dropped: np.ndarray, epoch: int,
               rank: int) -> tuple[np.ndarray, int, dict, dict]:
@@ -318,9 +324,16 @@ class Plan(Reach):
                 size = size // self.world_size + (rank < size % self.world_size)
             kept, unused, again = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch,
                                       rank=rank, size=size)
-            unused_by_source = {name: int(n) for name, n in zip(self._mix_names, unused) if n}
-            again_by_source = {name: int(n) for name, n in zip(self._mix_names, again) if n}
-        return kept, int(dropped[share].sum()), unused_by_source, again_by_source
+            # in packets: a place of packed mode's order holds a document (``units``)
+            for g, (name, part) in enumerate(zip(self._mix_names, parts)):
+                used = part.shape[0] - int(unused[g]) + int(again[g])
+                if unused[g]:
+                    unused_by_source[name] = self.place_packets(part[used:])
+                if again[g]:
+                    taken = np.arange(part.shape[0], used) % part.shape[0]
+                    again_by_source[name] = self.place_packets(part[taken])
+        return kept, self.place_packets(share[dropped[share]]), unused_by_source, \
+            again_by_source
 
     def batches_of(self, share: np.ndarray) -> int:
         """Batches ``share`` makes by the index's token counts (what it makes when nothing in
@@ -330,6 +343,8 @@ class Plan(Reach):
             return -(-share.shape[0] // B)
         tokens = self.corpus.tokens[share]
         if self.mode == "packed":
+            if units.active(self.corpus, self.mode):  # each place's document
+                tokens = units.place_tokens(self.corpus, share, tokens)
             return max(0, (int(tokens.sum()) - 1) // (B * T))
         return count_batches(tokens, B, T)
 
@@ -338,8 +353,22 @@ class Plan(Reach):
         (mixing only)."""
         a, b = counted.pop("_range", (0, 0))
         if self._mix_keys is not None and b > a:
-            n = np.bincount(self._source_key(share[a:b]), minlength=len(self._mix_names))
+            places = share[a:b]
+            n = np.bincount(self._source_key(places), minlength=len(self._mix_names),
+                            weights=self.place_sizes(places)).astype(np.int64)
             counted["sources"] = {name: int(k) for name, k in zip(self._mix_names, n) if k}
+
+    def place_sizes(self, places: np.ndarray) -> np.ndarray:
+        """The packets each place holds (``ndp.loader.units``: packed mode's documents;
+        else one each)."""
+        places = np.asarray(places, np.int64)
+        if units.active(self.corpus, self.mode):
+            return units.place_sizes(self.corpus, places)
+        return np.ones(places.shape[0], np.int64)
+
+    def place_packets(self, places: np.ndarray) -> int:
+        """The packets the places hold, together."""
+        return int(self.place_sizes(places).sum())
 
     # ------------------------------------------------------------------------------ mixing
     def _setup_mix(self, weights: dict | None, mix_by: str) -> None:

@@ -13,6 +13,7 @@ import queue
 import threading
 from typing import Any
 
+from ndp.loader import units
 from ndp.loader.chunks import ChunkDecoder
 from ndp.errors import DataError
 from ndp.loader.plan import Plan
@@ -100,6 +101,7 @@ class Producer:
         if fresh and sh.redelivered:
             pending["repeated"] = sh.redelivered
         counted_upto = pos  # share positions before this were counted by an earlier batch
+        documents = units.active(plan.corpus, plan.mode)  # places hold whole documents
         end: dict = {}
         plan.corpus.will_read(share, pos, end=sh.length)  # remote shards: fetched in this order
         while pos < n:
@@ -123,7 +125,8 @@ class Producer:
                 batch.state["batch"] = done
                 a, b = batch.counted["_range"]
                 if b > sh.length:  # packed: past the share's own packets, repeating it
-                    batch.counted["repeated"] = b - max(a, sh.length)
+                    batch.counted["repeated"] = (plan.place_packets(share[max(a, sh.length):b])
+                                                 if documents else b - max(a, sh.length))
                 plan.by_source(share, batch.counted)
             if layout.batches:
                 layout.batches[0].counted.update(pending)
@@ -153,7 +156,8 @@ class Producer:
                 f"share); its shards are mostly corrupt: run 'ndp verify' on the data")
         # every rank stops at the same batch: the rest of this share, and what was cut from
         # its end to make the shares equal, is left out, counted
-        left = sh.balanced + max(sh.length - counted_upto, 0)
+        left = sh.balanced + (plan.place_packets(share[counted_upto:sh.length]) if documents
+                              else max(sh.length - counted_upto, 0))
         if left:
             end["rank_balance"] = left
         end.update(pending)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ndp.loader import units
 from ndp.loader.packing import plan as place
 from ndp.store.columns import tokens_of
 
@@ -72,10 +73,12 @@ class Reach:
         b = min(b, share.shape[0])
         if b <= a:
             return np.zeros(0, np.int64)
+        documents = units.active(self.corpus, self.mode)  # a place's tokens: its document's
         tables = getattr(share, "tables", None)  # a RankOrder's own entries, held
         if tables is not None:
             e = tables.entries(a, b)
-            return tokens_of(e["length"], e["typ"]).astype(np.int64, copy=False)
+            toks = tokens_of(e["length"], e["typ"]).astype(np.int64, copy=False)
+            return units.place_tokens(self.corpus, share[a:b], toks) if documents else toks
         own = getattr(share, "length", None)  # a RankOrder twice over: p >= own is p - own
         if own is not None and share.shape[0] > own and b > own:
             if a >= own:
@@ -90,8 +93,11 @@ class Reach:
         for k in range(first, last + 1):
             got = self._blocks.get(k)
             if got is None:
-                got = self._blocks[k] = self.corpus.tokens[
-                    share[k * TOKEN_BLOCK: min((k + 1) * TOKEN_BLOCK, end)]]
+                packets = share[k * TOKEN_BLOCK: min((k + 1) * TOKEN_BLOCK, end)]
+                got = self.corpus.tokens[packets]
+                if documents:
+                    got = units.place_tokens(self.corpus, packets, got)
+                self._blocks[k] = got
                 while len(self._blocks) > 8:  # blocks behind the producer are not asked again
                     self._blocks.pop(next(iter(self._blocks)))
             parts.append(got)

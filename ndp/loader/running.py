@@ -11,12 +11,55 @@ and a window's entries being read ahead, whatever they are waiting on.
 
 from __future__ import annotations
 
+import atexit
+import os
 import queue
 import threading
+import weakref
 from typing import Any
 
 from ndp.errors import LoaderUsageError
 from ndp.loader.producer import Failure
+
+
+#: loaders whose producer thread may be running: stopped at interpreter exit (below)
+LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Stop every producer before the interpreter finalizes. A daemon thread still inside
+    compiled code then (a kernel, a compile) is ended by pthread_exit when it next takes the
+    GIL, which aborts the process ("terminate called without an active exception", SIGABRT)
+    in a script that simply ended without ``close()``."""
+    for loader in list(LIVE):
+        loader._stop_producer()
+
+
+def _forked() -> None:
+    """In a child process just forked: a Loader whose threads were running at the fork is
+    refused there by name (``refuse_if_forked``: its producer, plan and warmer threads are not
+    in the child, and a lock one of them held stays held); one that never ran, or was
+    stopped, starts its own."""
+    for loader in list(LIVE):
+        if loader._running.running:
+            loader._forked_from = loader._pid
+        loader._pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
+def refuse_if_forked(loader: Any) -> None:
+    """``LoaderUsageError`` if ``loader`` was running when this process was forked from the
+    one it was made in."""
+    if loader._forked_from is not None:
+        raise LoaderUsageError(
+            f"this Loader was running in process {loader._forked_from} when it forked this one "
+            f"({os.getpid()}): its producer threads are not here, and a lock they held stays "
+            f"held. Make a Loader in the child process (a Loader made before the fork and not "
+            f"iterated yet works in the child), or use NDPDataset with DataLoader workers")
 
 
 class ProducerThread:

@@ -83,6 +83,16 @@ class RankOrder:
                 shard[where] = of
         return (out, shard) if shards else out
 
+    def beyond(self, a: int, b: int) -> np.ndarray:
+        """The packets at this rank's places ``a`` to ``b`` of the epoch, past the share's
+        ``length`` too (what the cut that gives every rank as many leaves out)."""
+        p = np.arange(a, b, dtype=np.int64) * self.world_size + self.rank
+        k = np.searchsorted(self._ends, p, side="right")
+        out = np.empty(p.shape[0], np.int64)
+        for w in np.unique(k).tolist():
+            out[k == w] = self.windows[w].at(p[k == w] - self._starts[w])
+        return out
+
     def with_shards(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray | None]:
         """``self[a:b]`` and the shard number of each of its packets (``None`` where a window
         does not know them: the caller searches the corpus' shard starts then), for a chunk's

@@ -20,7 +20,10 @@ import warnings
 import zlib
 from typing import Any
 
+import numpy as np
+
 from ndp.errors import LoaderStateError
+from ndp.loader import units
 from ndp.loader.order import OLD_ORDERS
 from ndp.loader.plan import Plan
 
@@ -145,7 +148,7 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
     if tok < 0 or (tok and plan.mode != "packed"):
         raise LoaderStateError(f"loader state token offset {tok} is impossible in "
                                f"{plan.mode} mode (0 outside packed mode, never negative)")
-    if tok and (pos >= n or tok >= int(plan.corpus.tokens[share[pos]])):
+    if tok and (pos >= n or tok >= place_tokens(plan, share[pos:pos + 1])):
         raise LoaderStateError(
             f"loader state token offset {tok} lies past the end of packet {pos} of epoch "
             f"{epoch} (a state points inside the packet the next window starts in)")
@@ -160,5 +163,14 @@ def _batches_before(plan: Plan, share: Any, pos: int, tok: int) -> int:
         return -(-pos // plan.batch_size)
     if plan.mode == "packing":
         return plan.batches_of(share[:pos]) if pos else 0
-    tokens = int(plan.corpus.tokens[share[:pos]].sum()) + max(tok, 0)
+    tokens = place_tokens(plan, share[:pos]) + max(tok, 0)
     return tokens // (plan.batch_size * plan.seq_len)
+
+
+def place_tokens(plan: Plan, places: np.ndarray) -> int:
+    """The tokens of the share's places ``places`` by the index (packed mode: each place's
+    document, ``ndp.loader.units``)."""
+    tokens = plan.corpus.tokens[places]
+    if units.active(plan.corpus, plan.mode):
+        tokens = units.place_tokens(plan.corpus, np.asarray(places, np.int64), tokens)
+    return int(np.asarray(tokens).sum())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,68 +18,17 @@ import numpy as np
 
 from ndp.checks import choice
 from ndp.errors import ConfigError, DataError, ShardFormatError, past_aliases
-from ndp.wire.format import SHARD_SUFFIX, SYNC
-from ndp.store.index import Corruption, Index, ScanResult, check_headers
+from ndp.wire.format import SYNC
+from ndp.store.index import Corruption, Index, ScanResult, check_headers, scan_shard
 from ndp.store.columns import Column, entries_at
+from ndp.store.digests import IndexDigests
 from ndp.store.lazy import EntryCache, LazyIndex, entries_digest, open_index
-from ndp.store.manifest import ManifestError, entries_by_name, listed_shards
+from ndp.store.pieces import Pieces, pieces_of
+from ndp.store.listing import PathLike, listed
+from ndp.store.manifest import ManifestError
 from ndp.store.manifest_fields import check_identity, check_tokenizers, tokenizer_of
-from ndp.store.remote import RemoteDataset, RemoteShard, is_url
+from ndp.store.remote import RemoteDataset, RemoteShard
 from ndp.store.shard import Shard
-
-PathLike = str | os.PathLike
-
-
-def shard_paths(paths: PathLike | Sequence[PathLike], *,
-                manifest: str = "check") -> list[Path]:
-    """Shards named directly, or every ``*.ndp`` inside a directory (sorted by name)."""
-    return [p for p, _ in listed(paths, manifest=manifest)[0]]
-
-
-def listed(paths: PathLike | Sequence[PathLike], *, manifest: str = "check",
-           remote: dict | None = None, datasets: list | None = None,
-           sources: list | None = None) -> tuple[list[tuple[Any, dict | None]], list[dict]]:
-    """Each shard with its manifest entry (None for a shard named directly or read without a
-    manifest), and the manifests read. A directory must be a whole dataset by its manifest
-    (``ndp.store.manifest.listed_shards``) unless ``manifest`` is "ignore". A URL is a remote
-    dataset (``ndp.store.remote``, opened with the options ``remote``, appended to ``datasets``):
-    its shards are ``RemoteShard`` objects, the others paths."""
-    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    out: list[tuple[Any, dict | None]] = []
-    manifests: list[dict] = []
-    for item in items:
-        if is_url(item):
-            if datasets is None:
-                raise ConfigError(f"{item}: a URL; read it with ndp.Loader, NDPDataset or "
-                                  f"RemoteDataset(...).fetch_all()")
-            if manifest == "ignore":
-                raise ConfigError(f"{item}: a remote dataset is found through its manifest "
-                                  f"(the bucket is never listed); manifest='ignore' cannot "
-                                  f"read it")
-            dataset = RemoteDataset(item, **(remote or {}))
-            datasets.append(dataset)
-            out.extend(zip(dataset.shards, dataset.entries))
-            manifests.append(dataset.manifest)
-            if sources is not None:
-                sources.append(str(item))
-            continue
-        p = Path(item)
-        if p.is_dir():
-            found, record = listed_shards(p, manifest=manifest)
-            if not found:
-                raise ConfigError(f"{p}: no *{SHARD_SUFFIX} shards in this directory; convert "
-                                  f"data first (ndp convert)")
-            entries = {} if record is None else entries_by_name(record)
-            out.extend((f, entries.get(f.name)) for f in found)
-            if record is not None:
-                manifests.append(record)
-                if sources is not None:
-                    sources.append(str(p))
-        elif p.exists():
-            out.append((p, None))
-        else:
-            raise ConfigError(f"{p}: no such shard or directory")
-    return out, manifests
 
 
 #: bytes of a file that is no shard quoted in the error, to show what it is (JSONL, CSV, ...)
@@ -192,41 +140,41 @@ class Corpus:
         #: stale or missing index: damage the index no longer lists as packets (an index found
         #: wrong when first used adds its shard's then)
         self.corruption: list[tuple[Path, Corruption]] = []
-        #: each index's entries digest once checked (``ndp.store.lazy.entries_digest``), and
-        #: for an index not checked yet, the digests counts in use were made from, with what
-        #: to do if one differs (``expect_digests``)
-        self.digests: list[int | None] = []
-        self._expected: dict[int, list[tuple[int, Any]]] = {}
-        self._digest_lock = threading.Lock()
+        #: each index's entries digest once checked, held against the counts made from them
+        #: (``ndp.store.digests``)
+        self.index_digests = IndexDigests()
+        #: per shard, the later pieces of split documents its index counts, and their runs
+        #: for the indexes read whole at open (``ndp.store.pieces``)
+        self.continued: list[int] = []
+        self._pieces: dict[int, Pieces | None] = {}
         stamps = []  # which version of each index was opened (``index_stamp``)
-        scans: list[ScanResult | None] = []  # the scans that replaced an index at open
-        for s, shard in enumerate(self.shards):
+        for s, (shard, (_, entry)) in enumerate(zip(self.shards, pairs)):
             def found(scan: ScanResult, path: Path = shard.path) -> None:
                 self.corruption.extend((path, c) for c in scan.corrupt)
 
             index, scan = open_index(shard, on_stale=on_stale, verify=verify, found=found,
                                       cache=self.entry_cache)
+            if entry is not None:  # the shard the manifest lists, or refused
+                index, scan = as_listed(shard, entry, index, scan)
             self.indexes.append(index)
-            self.digests.append(None)
             if isinstance(index, LazyIndex):
+                self.index_digests.add()
+                self.continued.append(index.continued)
                 stamps.append(index.stamp)
-                index.on_checked = lambda digest, s=s: self._checked(s, digest)
+                index.on_checked = lambda digest, s=s: self.index_digests.checked(s, digest)
             else:  # held whole: checked now
-                self.digests[s] = entries_digest(index.entries)
+                self.index_digests.add(entries_digest(index.entries))
+                self._pieces[s] = pieces_of(index.entries)
+                self.continued.append(0 if self._pieces[s] is None else self._pieces[s].packets)
                 if scan is None:
                     st = os.stat(shard.index_path)
                     stamps.append((st.st_size, st.st_mtime_ns))
                 else:  # the shard's own packets: named by the shard's bytes
                     stamps.append(("scan", index.shard_crc32, len(index)))
-            scans.append(scan)
             if scan is not None:
                 found(scan)
             _refuse(no_data(shard, index), manifest)
             shard.close()  # a rebuild scanned its mapping: read on with pread, files closed
-        for path, (_, entry), index, scan in zip(self.paths, pairs, self.indexes, scans):
-            if entry is not None:  # the shard the manifest lists, or refused
-                check_identity(path, entry, index.shard_crc32, len(index), scan,
-                               stacklevel=past_aliases(3))
         sizes = np.array([len(i) for i in self.indexes], np.int64)
         self.base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.n_packets = int(self.base[-1])
@@ -295,32 +243,31 @@ class Corpus:
                           at=None if at is None else at[mine],
                           numbers=None if entries is None else local)
 
-    def expect_digests(self, digests: list, differs: Any) -> None:
-        """A count made from index entries with ``digests`` (per shard; None: not read) is in
-        use: ``differs(shard number)`` is called (and raises) if an index's checked entries
-        have another digest, checked now or when they are."""
-        wrong = []
-        with self._digest_lock:
-            for s, want in enumerate(digests[:len(self.digests)]):
-                if want is None:
-                    continue
-                if self.digests[s] is None:  # compared when checked (held until then only)
-                    self._expected.setdefault(s, []).append((want, differs))
-                elif self.digests[s] != want:
-                    wrong.append(s)
-        if wrong:
-            differs(wrong[0])
+    @property
+    def digests(self) -> list[int | None]:
+        """Each index's entries digest, once checked (``ndp.store.digests``)."""
+        return self.index_digests.known
 
-    def _checked(self, s: int, digest: int) -> None:
-        """Index ``s`` passed its first-use check with entries of ``digest`` (a refusal
-        raised here leaves it unchecked: the next reader is refused again)."""
-        with self._digest_lock:
-            wrong = [differs for want, differs in self._expected.get(s, []) if want != digest]
-            if not wrong:
-                self._expected.pop(s, None)
-                self.digests[s] = digest
-        if wrong:
-            wrong[0](s)
+    def expect_digests(self, digests: list, differs: Any) -> None:
+        """``IndexDigests.expect``: a count made from entries of ``digests`` is in use."""
+        self.index_digests.expect(digests, differs)
+
+    @property
+    def has_pieces(self) -> bool:
+        """Whether any shard holds a split document's later pieces (its index header says)."""
+        return any(self.continued)
+
+    def pieces(self, s: int) -> Pieces | None:
+        """Shard ``s``'s runs of later pieces (``ndp.store.pieces``; its index checked first
+        if it was not), or None if it has none."""
+        if not self.continued[s]:
+            return None
+        if s in self._pieces:
+            return self._pieces[s]
+        index = self.indexes[s]
+        if not index.loaded:
+            index.entries  # noqa: B018 - the first-use check finds them
+        return index.pieces
 
     def settle(self, packets: np.ndarray) -> bool:
         """Make the first-use check of the indexes of ``packets``' shards that were not checked
@@ -388,6 +335,29 @@ class Corpus:
 
     def __repr__(self) -> str:
         return f"Corpus({len(self.shards)} shards, {self.n_packets} packets)"
+
+
+def as_listed(shard: Shard, entry: dict, index: Index | LazyIndex, scan: ScanResult | None
+              ) -> tuple[Index | LazyIndex, ScanResult | None]:
+    """``shard``'s index and scan as opened, if its index records the crc32 and packet count
+    of its manifest ``entry``; else what the shard's bytes are now says (a full read of this
+    shard only, a rare path): the dataset's own bytes beside a stale index (rescanned, with a
+    warning), or bytes changed since (``check_identity``: damage is read for its sound
+    packets and counted, another shard of valid packets is refused)."""
+    if index.shard_crc32 == entry["crc32"] and len(index) == entry.get("packets", len(index)):
+        return index, scan
+    if scan is None:
+        if shard.crc32() == entry["crc32"]:
+            warnings.warn(f"{shard.index_path}: made for other bytes than {shard.path} holds, "
+                          f"which are the dataset's (its manifest's crc32): a stale index; "
+                          f"scanning the shard instead", stacklevel=past_aliases(5))
+            scan = scan_shard(shard)
+            return Index(scan.entries, shard.size, entry["crc32"], shard.header.data_offset), \
+                scan
+        scan = scan_shard(shard)  # the shard changed: its damage, if that is what it is
+    check_identity(shard.path, entry, index.shard_crc32, len(index), scan,
+                   stacklevel=past_aliases(5))
+    return index, scan
 
 
 def _refuse(problem: tuple[str, str] | None, manifest: str, error: type = ShardFormatError

@@ -32,6 +32,7 @@ from ndp.wire.format import (
     DropReason,
 )
 from ndp.kernels.crc16 import CRC16_TABLES, headers_differ, scan_frames
+from ndp.store.pieces import count_continued
 from ndp.store.shard import Shard
 
 # resync candidates must carry a TYP this format defines (token or value types)
@@ -133,6 +134,7 @@ def write_index(
     head["shard_size"] = shard_size
     head["shard_crc32"] = shard_crc32
     head["data_offset"] = data_offset
+    head["continued"] = count_continued(entries)  # split documents' later pieces
     with atomic_file(path) as f:
         f.write(head.tobytes())
         f.write(np.ascontiguousarray(entries, dtype=INDEX_ENTRY_DTYPE).tobytes())

@@ -40,7 +40,8 @@ from ndp.store.index import (
     scan_shard,
 )
 from ndp.store.shard import Shard
-from ndp.wire.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES
+from ndp.store.pieces import Pieces, pieces_of
+from ndp.wire.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES, INDEX_HEADER_DTYPE
 
 
 #: bytes of index entries a corpus holds at once by default (``NDP_INDEX_CACHE_BYTES``): two
@@ -143,6 +144,10 @@ class LazyIndex:
         #: replaced them), None until then; ``on_checked`` is called with it
         self.digest: int | None = None
         self.on_checked: Callable[[int], None] = lambda digest: None
+        #: the later pieces of split documents its header counts (``ndp.store.pieces``), and
+        #: their runs once its entries passed their check (None: none)
+        self.continued = 0
+        self.pieces: Pieces | None = None
 
     @classmethod
     def open(cls, shard: Shard, *, on_stale: str = "rebuild",
@@ -162,6 +167,8 @@ class LazyIndex:
                     found=found, cache=EntryCache() if cache is None else cache)
         check_size(shard_size, shard, path)  # ``check_index``'s (crc32: verify="full" only)
         index.stamp = (size, st.st_mtime_ns)
+        index.continued = int(np.frombuffer(head[:INDEX_HEADER_BYTES], INDEX_HEADER_DTYPE)[0][
+            "continued"])
         if n:  # the file's length matched the header: the first entry is there
             index.first_offset = int(np.frombuffer(head, INDEX_ENTRY_DTYPE,
                                                    offset=INDEX_HEADER_BYTES)["offset"][0])
@@ -308,7 +315,18 @@ class LazyIndex:
         return scan.entries
 
     def _passed(self, entries: np.ndarray) -> None:
-        """The first-use check passed with ``entries`` (the sidecar's, or a scan's)."""
+        """The first-use check passed with ``entries`` (the sidecar's, or a scan's): their
+        split documents are the ones the header counts (the corpus planned by that count at
+        open), and their digest is given to ``on_checked``."""
+        pieces = pieces_of(entries)
+        found = 0 if pieces is None else pieces.packets
+        if found != self.continued:
+            raise IndexMismatchError(
+                f"{self.path}: its header counts {self.continued:,} packets that continue a "
+                f"split document, its entries mark {found:,} (an index written by an older "
+                f"ndp beside a newer shard, or damaged). Rebuild it with 'ndp index "
+                f"{self.shard.path}' and open the dataset again")
+        self.pieces = pieces
         self.digest = entries_digest(entries)
         self.on_checked(self.digest)
 

@@ -108,36 +108,28 @@ def _described(tok: dict[str, Any]) -> str:
 
 def check_identity(path: Any, entry: dict[str, Any], crc32: int, packets: int,
                    scan: Any, *, stacklevel: int = 3) -> None:
-    """Whether the shard at ``path``, whose index records ``crc32`` and ``packets``, is the
-    one its manifest ``entry`` lists (its size was compared already). ``scan``: the framing
-    scan that replaced a missing or stale index at open, or None (the sidecar's entries).
-
-    The same crc32 and packet count: it is. Otherwise the shard's bytes changed after the
-    dataset was written, and only a scan says how: where it found damage (corrupt regions,
-    skipped and counted as the Loader's ``corrupt_regions``), the shard is read for its sound
-    packets, with a warning that says so. A scan that found none, or a sidecar index made for
-    the changed bytes (``ndp index`` run after the change), leaves a shard of valid packets
-    that are not the dataset's (another shard of the same size, replaced): a
+    """The shard at ``path``, whose index records ``crc32`` and ``packets`` where its manifest
+    ``entry`` records others, changed after the dataset was written (its size was compared
+    already, and its bytes are not the manifest's: ``ndp.store.corpus.as_listed``). ``scan``,
+    a framing scan of it, says how: where it found damage (corrupt regions, skipped and
+    counted as the Loader's ``corrupt_regions``), the shard is read for its sound packets,
+    with a warning that says so; where it found none, the shard is one of valid packets that
+    are not the dataset's (another shard of the same size, with an index made for it): a
     ``ManifestError``, since reading it would deliver another dataset's rows as this one's
     (``manifest="ignore"``, which reads no manifest, reads it as it is)."""
     import warnings
 
-    want_packets = entry.get("packets", packets)
-    if crc32 == entry["crc32"] and packets == want_packets:
-        return
     found = (f"{path}: crc32 {crc32:#010x} and {packets:,} packets where the dataset's "
-             f"manifest recorded {entry['crc32']:#010x} and {want_packets:,}")
-    if scan is not None and scan.corrupt:
+             f"manifest recorded {entry['crc32']:#010x} and {entry.get('packets', packets):,}")
+    if scan.corrupt:
         warnings.warn(
             f"{found}: the shard was damaged after it was written; a scan of it found "
             f"{len(scan.corrupt):,} corrupt regions ({scan.corrupt_bytes:,} bytes), skipped "
-            f"and counted (stats.corrupt_regions), and its {packets:,} sound packets are read "
-            f"('ndp verify' shows where)", stacklevel=stacklevel)
+            f"and counted (stats.corrupt_regions), and its sound packets are read ('ndp "
+            f"verify' shows where)", stacklevel=stacklevel)
         return
-    how = ("a scan of it finds only sound packets" if scan is not None else
-           "its index was made for these bytes")
     raise ManifestError(
-        f"{found}: {how}, so it is not the shard the dataset was written with (changed or "
-        f"replaced since, with its index rebuilt), and its rows would be another dataset's. "
-        f"Restore the shard and its index, or re-run the conversion (or pass "
-        f"`manifest='ignore'` to read it as it is, on purpose)")
+        f"{found}: a scan of it finds only sound packets, so it is not the shard the dataset "
+        f"was written with (changed or replaced since, with its index rebuilt), and its rows "
+        f"would be another dataset's. Restore the shard and its index, or re-run the "
+        f"conversion (or pass `manifest='ignore'` to read it as it is, on purpose)")

@@ -19,6 +19,7 @@ from ndp.store.atomic import AtomicFile
 from ndp.store.index import write_index
 from ndp.store.shard import encode_shard_header, index_path_for
 from ndp.wire.format import (
+    DST_CONTINUES,
     FRAME_BYTES,
     INDEX_ENTRY_DTYPE,
     SHARD_HEADER_BYTES,
@@ -54,7 +55,8 @@ class ShardWriter:
     Each shard is written atomically (``ndp.store.atomic``: ``<name>.tmp``, fsynced, renamed into
     place only when it is complete), so a crash leaves a ``.tmp`` file and never a half shard
     under a final name. A new
-    shard starts when the next packet would pass ``max_shard_bytes``. ``commit`` (or ``close``,
+    shard starts when the next packet that starts a document would pass ``max_shard_bytes``
+    (a document split over packets stays in one shard). ``commit`` (or ``close``,
     or leaving the ``with`` block normally) finishes the last shard and then writes the
     manifest, listing these shards and those an earlier commit in the directory listed; until
     then readers refuse the directory. An exception in the block discards the open shard and
@@ -99,7 +101,10 @@ class ShardWriter:
         cur.size += len(data)
 
     def write(self, packet: bytes) -> None:
-        """Append one framed packet (from ``encode_packet``/``encode_tokens``)."""
+        """Append one framed packet (from ``encode_packet``/``encode_tokens``). A packet that
+        continues a document (``DST_CONTINUES``: ``encode_tokens(..., continues=True)``) is
+        written into the shard of the piece before it, whatever its size; the first packet of
+        a shard never continues one."""
         head = bytes(packet[:6])  # ints, also for a uint8 array (whose << 8 would wrap)
         if len(packet) < FRAME_BYTES or head[0] != SYNC:
             raise ShardFormatError("write() takes a framed packet starting with the sync byte")
@@ -109,10 +114,18 @@ class ShardWriter:
                 f"packet is {len(packet)} bytes but its LEN says {FRAME_BYTES + length}"
             )
         cur = self._current
-        if cur is not None and cur.entries and cur.size + len(packet) > self.max_shard_bytes:
+        # a document's later pieces stay in its shard (never a new one before them), so that
+        # every piece of it is one shard's and one shuffle window's: the shard may pass
+        # max_shard_bytes by the rest of a document
+        if cur is not None and cur.entries and cur.size + len(packet) > self.max_shard_bytes \
+                and not head[2] & DST_CONTINUES:
             self._finish()
             cur = None
         if cur is None:
+            if head[2] & DST_CONTINUES:
+                raise ShardFormatError(
+                    "the first packet of a shard continues a document (DST bit 7 set): a "
+                    "document's pieces follow its first packet, written just before them")
             cur = self._current = self._open()
         cur.entries.append((cur.size, length, head[1], head[2], head[3]))
         self._append(cur, packet)

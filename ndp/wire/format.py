@@ -31,6 +31,13 @@ SRC: TEXT_CORPUS=0x01, CODE_REPO=0x02, GRADIENT=0x05. DST: EMBEDDING=0x01, ATTEN
 FFN=0x03, LORA=0x05. Other values are reserved: readers keep such packets and report the raw
 value; writers only emit the named ones.
 
+DST bit 7 (``DST_CONTINUES`` = 0x80, an extension) is a flag, not a layer: set, the packet
+continues the document of the packet just before it in the same shard (the second and later
+pieces of a document split over packets, see *Examples longer than one packet*); the layer is
+``DST & DST_LAYER`` (0x7F). A packet without it starts a document. Readers that predate the flag
+keep such packets and report the raw DST, as for any reserved value, so a shard with split
+documents still loads there (as a stream of packets).
+
 TYP and payload encodings (enum ``Typ``)
 ----------------------------------------
 Original encodings:
@@ -67,9 +74,12 @@ LEN is 16 bits, so one packet carries at most ``max_tokens_per_packet(typ)`` tok
 int32, 32,767 uint16, 15,886 masked int32, 30,839 masked uint16. One packet is one example.
 The converter applies one of two documented rules to a longer example: *truncate* (keep the
 first tokens, counted as truncated; right for SFT) or *split* (cut it into consecutive packets
-of at most the capacity; right for pretraining, because packed mode concatenates packets in
-stream order, so the token stream is unchanged). By default (``overflow="auto"``) a plain-text
-document is split and an SFT example (chat, prompt/completion, alpaca) truncated.
+of at most the capacity, all in one shard, every piece after the first marked with DST bit 7;
+right for pretraining: packed mode reads a document's pieces together and in order wherever the
+shuffle puts the document, so its token stream is the document's). By default
+(``overflow="auto"``) a plain-text document is split and an SFT example (chat,
+prompt/completion, alpaca) truncated. Padded and packing rows take one packet each, so there a
+piece is an example of its own.
 
 Shard header (extension)
 ========================
@@ -90,7 +100,9 @@ Sidecar index
 
     header: MAGIC b"NDPINDEX" | version <u4 | entry_size <u4 (16) | n_packets <u8 |
             shard_size <u8 | shard_crc32 <u4 (zlib.crc32 of the whole shard) |
-            data_offset <u4 (first packet's offset) | zero padding to 64 bytes
+            data_offset <u4 (first packet's offset) | continued <u8 (the packets whose DST
+            has bit 7, the later pieces of split documents; an extension in former padding,
+            so 0 in indexes written before it, whose shards have none) | zero padding to 64
     entry:  offset <u8 | LEN <u2 | SRC u1 | DST u1 | TYP u1 | 3 zero bytes
 
 An index whose shard size or crc32 does not match its shard is stale: it is refused or rebuilt
@@ -131,8 +143,14 @@ class Src(enum.IntEnum):
     GRADIENT = 0x05
 
 
+#: DST bit 7: the packet continues the document of the packet before it (see the docstring)
+DST_CONTINUES = 0x80
+#: the bits of DST that name the layer
+DST_LAYER = 0x7F
+
+
 class Dst(enum.IntEnum):
-    """DST byte: the layer the data is meant for."""
+    """DST byte: the layer the data is meant for (its low 7 bits, ``DST_LAYER``)."""
 
     EMBEDDING = 0x01
     ATTENTION = 0x02
@@ -242,7 +260,8 @@ INDEX_HEADER_DTYPE = np.dtype(
         ("shard_size", "<u8"),
         ("shard_crc32", "<u4"),
         ("data_offset", "<u4"),
-        ("pad", "V24"),
+        ("continued", "<u8"),
+        ("pad", "V16"),
     ]
 )
 INDEX_ENTRY_DTYPE = np.dtype(

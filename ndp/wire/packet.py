@@ -9,6 +9,8 @@ import numpy as np
 from ndp.errors import PacketError
 from ndp.wire.format import (
     CRC16_INIT,
+    DST_CONTINUES,
+    DST_LAYER,
     FRAME_BYTES,
     HEADER_BYTES,
     IGNORE_INDEX,
@@ -74,11 +76,16 @@ def encode_tokens(
     mask: np.ndarray | list[int] | None = None,
     src: int = 0x01,
     dst: int = 0x01,
+    continues: bool = False,
 ) -> bytes:
     """A token packet: ``width`` 4 (int32 BE) or 2 (uint16 BE), with an optional loss mask.
 
     ``mask[i]`` true means token ``i`` is a training target; false excludes it (prompt).
+    ``continues``: the packet is a later piece of the document of the packet written just
+    before it (``DST_CONTINUES`` set on ``dst``; see ``ndp.wire.format``).
     """
+    if continues:
+        dst = int(dst) | DST_CONTINUES
     raw = np.asarray(tokens)
     if raw.size and raw.dtype.kind not in "iu":
         raise PacketError(f"token ids must be integers, got dtype {raw.dtype}")
@@ -121,6 +128,17 @@ class Packet:
     def size(self) -> int:
         """Bytes the packet occupies in a shard (frame included)."""
         return FRAME_BYTES + len(self.payload)
+
+    @property
+    def continues(self) -> bool:
+        """Whether the packet continues the document of the packet before it
+        (``DST_CONTINUES``)."""
+        return bool(self.dst & DST_CONTINUES)
+
+    @property
+    def layer(self) -> int:
+        """The DST layer, without the continuation flag (``DST_LAYER``)."""
+        return self.dst & DST_LAYER
 
     def labels(self) -> np.ndarray:
         """Tokens as labels: -100 where the mask excludes them from the loss."""

@@ -62,6 +62,15 @@ def test_the_default_splits_documents_and_truncates_sft_examples(tmp_path, mixed
     assert manifest["overflow_by_schema"] == {"text": "split", "chat": "truncate",
                                               "prompt": "truncate", "alpaca": "truncate"}
     assert check_roundtrip([mixed], tmp_path / "out", tokenizer=tokenizer_dir) == parts + 1
+    # the document's later pieces say they continue it (DST bit 7), in the index too; the
+    # truncated example is a document of its own
+    from ndp.store.corpus import Corpus
+    from ndp.wire.format import DST_CONTINUES
+
+    corpus = Corpus(tmp_path / "out")
+    dst = np.concatenate([np.asarray(i.entries["dst"]) for i in corpus.indexes])
+    assert ((dst & DST_CONTINUES) != 0).tolist() == [False] + [True] * (parts - 1) + [False]
+    assert corpus.continued == [parts - 1] and corpus.has_pieces
 
 
 @pytest.mark.parametrize("rule", ["truncate", "split"])

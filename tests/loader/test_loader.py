@@ -627,6 +627,7 @@ def test_a_running_producer_is_stopped_at_interpreter_exit(corpus_dir):
     code = textwrap.dedent("""
         import sys, threading
         import ndp.loader.loader as L
+        import ndp.loader.running as R
         loader = L.Loader(sys.argv[1], batch_size=2, seq_len=8, backend="cpu", output="arrays")
         next(iter(loader))  # the producer goes on decoding ahead
         def check():  # atexit runs handlers last-registered first: this one after ndp's
@@ -634,8 +635,8 @@ def test_a_running_producer_is_stopped_at_interpreter_exit(corpus_dir):
             print("ALIVE", alive, flush=True)
         import atexit
         atexit.register(check)
-        atexit.unregister(L._stop_all)
-        atexit.register(L._stop_all)  # so ndp's runs first, then check()
+        atexit.unregister(R._stop_all)
+        atexit.register(R._stop_all)  # so ndp's runs first, then check()
     """)
     result = subprocess.run([sys.executable, "-c", code, str(corpus_dir)], capture_output=True,
                             text=True, timeout=120)

@@ -2,7 +2,7 @@
 ``close()`` from another thread while a loop waits ends that loop with ``LoaderUsageError``
 (it once raised ``AttributeError`` on the thread the close had reset), and a Loader used in a
 process forked from one where it was running is refused by name, while one that had not run
-yet works there (``ndp.loader.loader._forked``)."""
+yet works there (``ndp.loader.running._forked``)."""
 
 from __future__ import annotations
 

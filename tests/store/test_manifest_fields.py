@@ -144,8 +144,8 @@ def test_a_same_size_foreign_shard_with_its_own_index_is_refused(tmp_path, verif
     from ndp.adapters.dataset import NDPDataset
 
     d, shard = _foreign(tmp_path)
-    with pytest.raises(ManifestError, match=rf"{shard}: crc32 .* its index was made for these "
-                                            r"bytes, so it is not the shard"):
+    with pytest.raises(ManifestError, match=rf"{shard}: crc32 .* a scan of it finds only "
+                                            r"sound packets, so it is not the shard"):
         Loader(d, batch_size=2, seq_len=8, backend="cpu", output="arrays", verify=verify)
     with pytest.raises(ManifestError, match="not the shard the dataset was written with"):
         NDPDataset(d, seq_len=8)

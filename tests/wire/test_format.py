@@ -81,7 +81,8 @@ def test_shard_and_index_constants():
     h = fmt.INDEX_HEADER_DTYPE
     assert [(n, h.fields[n][1]) for n in h.names] == [
         ("magic", 0), ("version", 8), ("entry_size", 12), ("n_packets", 16),
-        ("shard_size", 24), ("shard_crc32", 32), ("data_offset", 36), ("pad", 40),
+        ("shard_size", 24), ("shard_crc32", 32), ("data_offset", 36), ("continued", 40),
+        ("pad", 48),
     ]
     e = fmt.INDEX_ENTRY_DTYPE
     assert [(n, e.fields[n][1]) for n in e.names] == [
