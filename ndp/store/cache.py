@@ -21,12 +21,17 @@ dataset rewritten under the same URL gets a directory of its own.
   that needs the shard meanwhile waits for the lock, then finds the file there.
 * **A size limit.** With ``limit`` (bytes of shards), a download first evicts shards that no
   process pins, least recently used first (by their access time, which ``touch`` sets: their
-  modification time is part of the identity above). Each process pins the shards it reads
-  now and those its prefetch fetches ahead (``.pins/<pid>-<n>``; the pins of a process that
-  died are ignored). When pins alone fill the limit the download waits for the other
-  processes to move on, up to ``wait`` seconds, then raises ``CacheFullError`` naming the
-  limit. A limit too small for the node's ranks to make progress at all is refused when the
-  dataset is opened (``ndp.store.remote.least_cache_limit``), not found by this wait.
+  modification time is part of the identity above). Each reader (a ``ShardCache`` of a
+  process) registers in ``.pins/`` for as long as it is open, with the shards it reads now and
+  those its prefetch fetches ahead (``ndp.store.readers``; the files of a reader that died are
+  removed). When pins alone fill the limit the download waits for the other readers to move
+  on, up to ``wait`` seconds, then raises ``CacheFullError`` naming the limit. A limit too
+  small for the readers of the node to make progress at all is refused when the dataset is
+  opened (``ndp.store.remote.least_cache_limit``, for the readers registered then).
+* **No wait that cannot end.** A reader's waits (for room, or for a shard's lock) are in its
+  registration; when every live reader waits so and their pins leave no room for any shard
+  waited for, none can unpin one (``ndp.store.readers.stuck``): the wait raises
+  ``CacheFullError`` at once, naming the pins and their readers, and gives up as below.
 * **No rank outlives the one that gave up.** Once one rank raises ``CacheFullError`` the job
   is lost (the others would wait out their own timeout, then hang in a collective). So a wait
   that gives up writes ``.full`` (its pid, host, time, shard) under the cache's lock, and each
@@ -54,13 +59,12 @@ from filelock import FileLock, Timeout
 from ndp.store.atomic import TMP_SUFFIX, AtomicFile, atomic_write
 from ndp.errors import CacheFullError, ConfigError
 from ndp.wire.format import SHARD_SUFFIX
-from ndp.store.manifest import pid_alive
+from ndp.store.readers import (CACHE_LOCK, FULL, Registry, gave_up, give_up, stuck,
+                               stuck_error)
 
 PINS = ".pins"
 VERIFIED = ".verified"
 LOCK_SUFFIX = ".lock"
-#: written by a download that gave up waiting for room: the others waiting stop too
-FULL = ".full"
 #: how long a download waits for other processes to unpin shards when the cache is full
 WAIT_S = 600.0
 #: bytes per read when a cached shard's crc32 is counted again
@@ -94,29 +98,25 @@ class CacheStats:
 class ShardCache:
     """One dataset's directory in the cache (see the module docstring)."""
 
-    _serial = 0
-
     def __init__(self, directory: str | os.PathLike, *, limit: int | None = None,
                  wait: float = WAIT_S) -> None:
         if limit is not None and limit < 1:
             raise CacheFullError(f"cache_limit must be a positive number of bytes, got {limit}")
         self.dir = Path(directory)
-        ShardCache._serial += 1
         self._check_writable()
         self.limit, self.wait = limit, wait
         self.stats = CacheStats()
-        self._pin_file = self.dir / PINS / f"{os.getpid()}-{ShardCache._serial}"
-        self._pins: frozenset[str] = frozenset()
+        #: this reader's registration among the cache's readers (``close`` ends it)
+        self._readers = Registry(self.dir / PINS)
         #: identity of each shard this process found recorded as checked (saves reading it)
         self._known: dict[str, tuple[int, int, int, int]] = {}
-        self._mutex = threading.Lock()
 
     def _check_writable(self) -> None:
         """Make the directory and write (then remove) an empty file in it, so that a cache
         that cannot hold a shard is a ``ConfigError`` when the dataset is opened, not an
         ``OSError`` at the first download. The probe's name starts with a dot and no pid: no
         listing of pins or shards counts it."""
-        probe = self.dir / f".probe-{os.getpid()}-{ShardCache._serial}"
+        probe = self.dir / f".probe-{os.getpid()}-{threading.get_ident()}"
         try:
             try:
                 (self.dir / PINS).mkdir(parents=True, exist_ok=True)
@@ -213,33 +213,16 @@ class ShardCache:
     # ---------------------------------------------------------------------------- pins
     def pin(self, names: set[str] | frozenset[str]) -> None:
         """This process reads ``names`` now or soon: no process evicts them."""
-        names = frozenset(names)
-        with self._mutex:
-            if names == self._pins:
-                return
-            self._pins = names
-            atomic_write(self._pin_file, json.dumps(sorted(names)))
+        self._readers.pin(frozenset(names))
+
+    def readers(self) -> int:
+        """The live readers of this cache now (open ``ShardCache``s of any process, this one
+        included while it is open)."""
+        return len(self._readers.readers())
 
     def close(self) -> None:
-        """Drop this process' pins."""
-        with self._mutex:
-            self._pins = frozenset()
-            self._pin_file.unlink(missing_ok=True)
-
-    def _all_pins(self) -> set[str]:
-        pinned = set(self._pins)
-        for entry in (self.dir / PINS).iterdir():
-            pid = entry.name.split("-", 1)[0]
-            if entry.name.endswith(TMP_SUFFIX) or not pid.isdigit():
-                continue
-            if not pid_alive(int(pid)):
-                entry.unlink(missing_ok=True)
-                continue
-            try:
-                pinned.update(json.loads(entry.read_text()))
-            except (OSError, ValueError):
-                continue  # replaced or removed while read: its next version counts
-        return pinned
+        """Drop this reader's pins and registration (a later use registers it again)."""
+        self._readers.close()
 
     # ------------------------------------------------------------------------- get / evict
     def get(self, name: str, size: int, download: Callable[[IO[bytes]], None], *,
@@ -256,7 +239,9 @@ class ShardCache:
             self._touch(path, st)
             self.stats.hits += 1
             return path
-        with FileLock(str(path) + LOCK_SUFFIX):
+        lock = FileLock(str(path) + LOCK_SUFFIX)
+        self._take(lock, name, size, record=wait and self.limit is not None)
+        try:
             # another process downloaded it meanwhile, or it is the manifest's all the same
             if self._trusted(name, size) is not None or self._recheck(name, size, crc32):
                 self.stats.hits += 1
@@ -279,9 +264,29 @@ class ShardCache:
             except BaseException:
                 out.abort()
                 raise
+        finally:
+            lock.release()
         self.stats.downloads += 1
         self.stats.bytes_downloaded += size
         return path
+
+    def _take(self, lock: FileLock, name: str, size: int, *, record: bool) -> None:
+        """Take shard ``name``'s ``lock``. While another process holds it (downloading the
+        shard, or waiting for room to) the wait is registered if ``record`` (a reader's own
+        fetch, not its prefetch's): a wait on a reader that cannot move on cannot end either
+        (``ndp.store.readers``)."""
+        try:
+            lock.acquire(timeout=0)
+            return
+        except Timeout:
+            pass
+        if record:
+            self._readers.wait(name, size, "lock")
+        try:
+            lock.acquire()
+        finally:
+            if record:
+                self._readers.done()
 
     def touch(self, name: str) -> None:
         """Mark ``name`` used now (eviction takes the least recently used first)."""
@@ -338,28 +343,45 @@ class ShardCache:
         if size > self.limit:
             raise CacheFullError(f"{self.dir}: shard {name} is {size:,} bytes, more than "
                                  f"cache_limit={self.limit:,}; raise cache_limit")
+        try:
+            return self._wait_for_room(name, size, wait=wait)
+        finally:
+            self._readers.done()  # under way, or given up: no longer waiting
+
+    def _wait_for_room(self, name: str, size: int, *, wait: float) -> AtomicFile:
         deadline = time.monotonic() + wait
         since = time.time()  # a give-up written after this ends this wait too
         waited = False
         while True:
-            with FileLock(str(self.dir / ".cache") + LOCK_SUFFIX):
+            blocked = None
+            with FileLock(str(self.dir / CACHE_LOCK)):
                 held = [h for h in self._shards(downloading=True) if not self._stale(h[0])]
                 total = sum(s for _, s, _ in held)
                 if total + size > self.limit:
-                    pinned = self._all_pins()
-                    for victim, vsize, _ in sorted(held, key=lambda h: h[2]):
+                    pinned = set().union(*(r.pins for r in self._readers.readers()))
+                    for entry in sorted(held, key=lambda h: h[2]):
+                        victim, vsize, _ = entry
                         if total + size <= self.limit:
                             break
                         if victim in pinned or not victim.endswith(SHARD_SUFFIX):
                             continue
                         self._forget(victim)
+                        held.remove(entry)
                         total -= vsize
                         self.stats.evicted += 1
                 if total + size <= self.limit:
+                    self._readers.done()  # before the cache's lock goes: not stuck, under way
                     out = AtomicFile(self.dir / name)
                     out.file.truncate(size)  # counted by the next process that makes room
                     return out
-            other = self._gave_up(since) if wait > 0 else None
+                if wait > 0:  # registered, then judged, under the cache's lock
+                    self._readers.wait(name, size, "room")
+                    blocked = stuck(self._readers.readers(),
+                                    [(n, s) for n, s, _ in held], self.limit)
+            if blocked is not None:
+                give_up(self.dir, name, size, self.limit)  # the others waiting stop too
+                raise stuck_error(self.dir, name, size, self.limit, blocked)
+            other = gave_up(self.dir, since) if wait > 0 else None
             if other is None and time.monotonic() <= deadline:
                 if not waited:
                     self.stats.waits += 1
@@ -373,31 +395,10 @@ class ShardCache:
                 f"{wait - max(0.0, deadline - time.monotonic()):.1f} s of {wait:.0f} s rather "
                 f"than outlive it")
             if other is None and wait > 0:
-                self._give_up(name, size)
+                give_up(self.dir, name, size, self.limit)
             raise CacheFullError(
                 f"{self.dir}: caching {name} ({size:,} bytes) needs room that the shards "
                 f"pinned by the loaders reading this dataset ({total:,} bytes) do not "
                 f"leave under cache_limit={self.limit:,} ({why}): raise cache_limit to at "
                 f"least the shuffle windows every rank of this node reads at once, or give "
                 f"each job its own cache_dir")
-
-    def _give_up(self, name: str, size: int) -> None:
-        """Record that this process gave up waiting for room (``FULL``, written under the
-        cache's lock: one writer at a time), for the others waiting to stop too."""
-        record = {"pid": os.getpid(), "host": os.uname().nodename, "time": time.time(),
-                  "shard": name, "bytes": size, "limit": self.limit}
-        try:
-            with FileLock(str(self.dir / ".cache") + LOCK_SUFFIX):
-                atomic_write(self.dir / FULL, json.dumps(record))
-        except OSError:
-            pass  # the CacheFullError raised next says what matters
-
-    def _gave_up(self, since: float) -> dict | None:
-        """The give-up recorded in ``FULL`` at or after ``since`` (``time.time()``), if any."""
-        try:
-            record = json.loads((self.dir / FULL).read_text())
-            if float(record["time"]) >= since:
-                return {k: record.get(k, "?") for k in ("pid", "host", "time", "shard")}
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # none, or one being replaced: the next poll reads it
-        return None

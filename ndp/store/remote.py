@@ -16,14 +16,25 @@
   reads, in the order it reads them, on one prefetch thread (``ndp.store.prefetch``) that stays
   ahead of the decoder; a shard not there yet when it is needed is downloaded on the spot.
 * **A cache_limit too small for the node is refused when the dataset is opened**, not found
-  by ranks stalled on each other's pins for the cache's wait (``least_cache_limit``): each of
-  the node's ``LOCAL_WORLD_SIZE`` ranks (torchrun sets it) pins the shard it reads and the
-  next, which its prefetch fetches meanwhile, so the limit must hold that many of the
-  manifest's largest shards (the whole dataset at most); a ``CacheFullError`` says so.
+  by ranks stalled on each other's pins (``least_cache_limit``): each rank of the node pins the
+  shard it reads and the next, which its prefetch fetches meanwhile, so the limit must hold
+  that many of the manifest's largest shards (the whole dataset at most) for each of them; a
+  ``CacheFullError`` says so. The ranks counted are the readers registered in the cache's
+  directory when it is opened (``ndp.store.readers``: whatever launched them), or the node's
+  ``LOCAL_WORLD_SIZE`` (torchrun sets it) if more; ranks opened later than this one, which it
+  cannot count, are caught by the cache when no reader can move on.
 * **Errors**: a transient error (a dropped connection, a timeout, a 5xx) is retried with
-  exponential backoff (``retries``, 5 by default); a missing object, a refused request or an
-  object that is not what the manifest says (after the retries) raises ``RemoteError`` naming
-  the URL, in the consumer's ``next()`` when the Loader's producer met it.
+  exponential backoff (``retries``, 5 by default: 6 tries, each of which the filesystem may
+  retry in turn, s3fs up to 5 times, for a dropped connection); a missing object, a refused
+  request or an object that is not what the manifest says (after the retries) raises
+  ``RemoteError`` naming the URL, in the consumer's ``next()`` when the Loader's producer met it.
+* **Every read ends.** A shard is read in ranges of ``BLOCK`` bytes up to the manifest's size
+  (one more byte asked with the last, to see an object longer than that), and each answer must
+  be as long as the range asked: an answer that is not (a proxy's error page sent with ``200
+  OK`` in place of the shard, a cut object) is a mismatch at once, not a position to read on
+  from. So a try of a shard of ``B`` bytes is at most ``ceil(B / BLOCK)`` requests, and a shard
+  that never comes whole is ``retries + 1`` tries, then a ``RemoteError`` saying what came back.
+  Its crc32 is counted as it arrives and must be the manifest's.
 
 ``storage_options`` go to fsspec's filesystem as they are (for s3fs: ``key``, ``secret``,
 ``client_kwargs={"endpoint_url": ...}``, ``anon``; credentials are otherwise found the way
@@ -41,25 +52,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-import numpy as np
-
 from ndp.store.atomic import atomic_write
 from ndp.store.cache import ShardCache, default_cache_dir
-from ndp.errors import (CacheFullError, IndexMismatchError, ManifestError, RemoteError,
-                        ShardChangedError)
-from ndp.wire.format import (
-    INDEX_HEADER_BYTES,
-    INDEX_HEADER_DTYPE,
-    INDEX_SUFFIX,
-    SHARD_HEADER_BYTES,
-    SHARD_VERSION,
-)
+from ndp.errors import CacheFullError, IndexMismatchError, ManifestError, RemoteError
+from ndp.wire.format import INDEX_SUFFIX
 from ndp.store.index import parse_index
 from ndp.store.manifest import MANIFEST, parse_manifest
-from ndp.store.shard import Shard, ShardHeader, parse_shard_header
+from ndp.store.remote_shard import RemoteShard  # a RemoteDataset's shards (read from here too)
 
 T = TypeVar("T")
-#: bytes per read of a download (and the filesystem's block size)
+#: bytes per range request of a download (8 MiB: a 100 MB shard is 12 requests)
 BLOCK = 8 << 20
 RETRIES = 5
 BACKOFF_S = 0.2
@@ -133,8 +135,8 @@ def with_retries(what: str, call: Callable[[], T], *, retries: int = RETRIES,
         except RemoteError:
             raise
         except Exception as exc:  # noqa: BLE001 - every filesystem raises its own kinds
-            if isinstance(exc, OSError) and exc.errno is not None and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise  # ENOSPC / EDQUOT: the local disk, not the network
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise  # the local disk, not the network
             if permanent(exc):
                 kind = ("does not exist" if isinstance(exc, FileNotFoundError)
                         else "was refused (no access)")
@@ -176,13 +178,20 @@ class RemoteDataset:
         key = hashlib.sha256(self.url.encode() + b"\0" + text).hexdigest()
         self.cache = ShardCache(Path(cache_dir or default_cache_dir()) / key[:24],
                                 limit=cache_limit)
-        #: the ranks of this node sharing the cache (``node_ranks``): the prefetch of each
-        #: pins at most its share of ``cache_limit``
-        self.ranks = node_ranks()
-        self.entries = list(self.manifest["shards"])
-        self._check_limit()
-        self.entries.sort(key=lambda e: e["name"])
-        self._fetch_indexes()
+        try:
+            #: the readers of the cache now, this one included (``ndp.store.readers``)
+            self.readers = self.cache.readers()
+            #: the ranks of this node sharing the cache: its readers now, or the node's
+            #: ``LOCAL_WORLD_SIZE`` if more (``node_ranks``); the prefetch of each pins at most
+            #: its share of ``cache_limit``
+            self.ranks = max(node_ranks(), self.readers)
+            self.entries = list(self.manifest["shards"])
+            self._check_limit()
+            self.entries.sort(key=lambda e: e["name"])
+            self._fetch_indexes()
+        except BaseException:
+            self.cache.close()  # not a reader of the cache after all
+            raise
         self.shards = [RemoteShard(self, e) for e in self.entries]
         self.prefetcher = None  # made by the first ``will_read`` (``ndp.store.prefetch``)
 
@@ -195,8 +204,9 @@ class RemoteDataset:
         local = os.environ.get("LOCAL_WORLD_SIZE")
         raise CacheFullError(
             f"{self.url}: cache_limit={limit:,} bytes cannot hold the shards that the {ranks} "
-            f"rank(s) of this node sharing the cache pin at once (LOCAL_WORLD_SIZE="
-            f"{local if local is not None else 'unset, so 1'}): {need:,} bytes, each rank's "
+            f"rank(s) of this node sharing the cache pin at once ({self.readers} reader(s) of "
+            f"it open now, this one included, registered in {self.cache.dir}; LOCAL_WORLD_SIZE="
+            f"{local if local is not None else 'unset'}): {need:,} bytes, each rank's "
             f"shard and the next its prefetch fetches, of the largest shards in the manifest; "
             f"with less the ranks wait on each other's pins until they fail. Raise "
             f"cache_limit to at least {need:,}, run fewer ranks per node on this cache, or give "
@@ -240,45 +250,69 @@ class RemoteDataset:
             atomic_write(self.cache.path(entry["name"] + INDEX_SUFFIX), raw)
 
     # ------------------------------------------------------------------------------ shards
-    def download(self, entry: dict, out: IO[bytes]) -> None:
-        """Shard ``entry`` into ``out``, its size and crc32 counted as it arrives; again after
-        a transient error or a copy that is not the manifest's; ``RemoteError`` if it stays
-        wrong or the error is permanent."""
+    def download(self, entry: dict, out: IO[bytes], *, retries: int | None = None) -> None:
+        """Shard ``entry`` into ``out``, in ranges each checked to be as long as asked, its crc32
+        counted as it arrives (see the module docstring); again after a transient error or a
+        copy that is not the manifest's, up to ``retries`` times (the dataset's by default);
+        ``RemoteError`` if it stays wrong or the error is permanent."""
         name, url = entry["name"], f"{self.url}/{entry['name']}"
+        size, want_crc = int(entry["bytes"]), int(entry["crc32"])
+        retries = self.retries if retries is None else retries
 
         def attempt() -> None:
             out.seek(0)
             crc, n = 0, 0
-            with self.fs.open(f"{self.root}/{name}", "rb", block_size=BLOCK) as src:
-                while True:
-                    piece = src.read(BLOCK)
-                    if not piece:
-                        break
-                    crc, n = zlib.crc32(piece, crc), n + len(piece)
-                    out.write(piece)
+            while n < size:
+                stop = min(n + BLOCK, size)
+                # one byte more with the last range: an object longer than the manifest's
+                # says so, where reading exactly its size would not see it
+                ask = stop + 1 if stop == size else stop
+                piece = self.fs.cat_file(f"{self.root}/{name}", start=n, end=ask)
+                if len(piece) != stop - n:
+                    raise _Mismatch(self._wrong_answer(piece, n, stop, size, want_crc))
+                crc = zlib.crc32(piece, crc)
+                out.write(piece)
+                n = stop
             out.truncate()  # made at full size to hold its room in the cache
-            if (n, crc) != (entry["bytes"], entry["crc32"]):
-                raise _Mismatch(f"{n:,} bytes with crc32 {crc:#010x} arrived where the "
-                                f"manifest lists {entry['bytes']:,} bytes and "
-                                f"{entry['crc32']:#010x}")
+            if crc != want_crc:
+                raise _Mismatch(f"{size:,} bytes with crc32 {crc:#010x} arrived where the "
+                                f"manifest lists {size:,} bytes and {want_crc:#010x}")
 
         def count() -> None:
             self.cache.stats.retries += 1
 
         try:
-            with_retries(url, attempt, retries=self.retries, on_retry=count)
+            with_retries(url, attempt, retries=retries, on_retry=count)
         except RemoteError as exc:
             if isinstance(exc.__cause__, _Mismatch):
                 raise RemoteError(
-                    f"{url}: {exc.__cause__} (every one of {self.retries + 1} tries): the "
-                    f"object was replaced or damaged after the dataset was written; nothing "
-                    f"was cached. Restore it, or convert the dataset again") from None
+                    f"{url}: {exc.__cause__} (every one of {retries + 1} tries): not the shard "
+                    f"the manifest lists, so nothing was cached. Either something on the way "
+                    f"answers in the storage's place (a proxy or gateway's error page: check "
+                    f"the endpoint in `storage_options` and any HTTP(S)_PROXY), or the object "
+                    f"was replaced or damaged after the dataset was written (restore it, or "
+                    f"convert the dataset again)") from None
             raise
 
+    @staticmethod
+    def _wrong_answer(piece: bytes, start: int, stop: int, size: int, crc: int) -> str:
+        """What a range read of ``start:stop`` got instead (``piece``), in words."""
+        more = "" if len(piece) < stop - start else (
+            ": the object is longer than the manifest's shard" if stop == size
+            else ": more than asked (a server that does not honour ranges)")
+        return (f"{len(piece):,} bytes (beginning {bytes(piece[:40])!r}) arrived for bytes "
+                f"{start:,}-{stop - 1:,} of a shard the manifest lists as {size:,} bytes with "
+                f"crc32 {crc:#010x}{more}")
+
     def fetch(self, entry: dict, *, wait: bool = True) -> Path:
-        """Shard ``entry``'s checked file in the cache (downloaded now if it is not there;
-        without ``wait``, ``CacheFullError`` at once if the cache has no room for it now)."""
-        return self.cache.get(entry["name"], entry["bytes"], lambda out: self.download(entry, out),
+        """Shard ``entry``'s checked file in the cache (downloaded now if it is not there).
+        Without ``wait`` (the prefetcher's call: a download moved earlier, which the reader's
+        own fetch does again if it fails): ``CacheFullError`` at once if the cache has no room
+        for it now, and one try, not ``retries + 1``: a shard that does not come is then asked
+        for ``retries + 2`` times in all, not twice that."""
+        tries = None if wait else 0
+        return self.cache.get(entry["name"], entry["bytes"],
+                              lambda out: self.download(entry, out, retries=tries),
                               crc32=entry["crc32"], wait=wait)
 
     def fetch_all(self, *, progress: bool = False) -> list[Path]:
@@ -304,83 +338,3 @@ class RemoteDataset:
 
 class _Mismatch(Exception):
     """A download that is not the manifest's shard (transient until the retries run out)."""
-
-
-class RemoteShard(Shard):
-    """A shard of a ``RemoteDataset``: its size and header from the manifest and index, its
-    bytes read from the cache, fetched on first use (``Shard``'s interface otherwise)."""
-
-    def __init__(self, dataset: RemoteDataset, entry: dict) -> None:  # Shard.__init__ opens a file
-        self.dataset, self.entry = dataset, entry
-        self.url = f"{dataset.url}/{entry['name']}"
-        self.path = dataset.cache.path(entry["name"])
-        self._data: np.ndarray | None = None
-        self._checked: tuple | None = None  # identity of the file whose header was checked
-        self._offset: int | None = None  # where packets start, as the index's header says
-
-    @property
-    def data_offset(self) -> int:
-        """Where the shard's packets start, from its index's header (read once; the whole
-        index is read and checked by ``load_index``)."""
-        if self._offset is None:
-            with open(self.index_path, "rb") as f:
-                head = f.read(INDEX_HEADER_BYTES)
-            if len(head) < INDEX_HEADER_BYTES:
-                raise IndexMismatchError(f"{self.index_path}: not an ndp index (too short)")
-            self._offset = int(np.frombuffer(head, INDEX_HEADER_DTYPE)[0]["data_offset"])
-        return self._offset
-
-    @property
-    def size(self) -> int:
-        return int(self.entry["bytes"])
-
-    @property
-    def header(self) -> ShardHeader:
-        offset = self.data_offset
-        return ShardHeader(SHARD_VERSION if offset == SHARD_HEADER_BYTES else None, offset)
-
-    @property
-    def identity(self) -> tuple[int, int, int, int]:
-        """The cached file's identity, fetching it first (and checking its header against
-        the index the first time)."""
-        from ndp.store.files import FILES, identity_of
-
-        path = self.dataset.fetch(self.entry)
-        identity = identity_of(path)
-        if identity != self._checked:
-            head = np.zeros(min(self.size, SHARD_HEADER_BYTES), np.uint8)
-            FILES.read_ranges(path, identity, np.zeros(1, np.int64),
-                              np.array([head.shape[0]], np.int64), head, np.zeros(1, np.int64))
-            if parse_shard_header(head, self.url, size=self.size).data_offset \
-                    != self.data_offset:
-                raise IndexMismatchError(f"{self.url}{INDEX_SUFFIX}: its packets start at "
-                                         f"byte {self.data_offset}, the shard's header says "
-                                         f"otherwise; rebuild the index ('ndp index')")
-            self._checked = identity
-        return identity
-
-    def read_ranges(self, offsets: np.ndarray, sizes: np.ndarray, dst: np.ndarray,
-                    starts: np.ndarray) -> None:
-        from ndp.store.files import FILES
-
-        for attempt in range(2):
-            try:
-                FILES.read_ranges(self.path, self.identity, offsets, sizes, dst, starts)
-                return
-            except (ShardChangedError, FileNotFoundError):
-                if attempt:  # evicted by another process between the fetch and the read
-                    raise
-                self._checked = None
-
-    @property
-    def data(self) -> np.ndarray:
-        if self._data is None:
-            self.identity  # noqa: B018 - fetched and checked
-        return super().data
-
-    def crc32(self) -> int:
-        """The manifest's: a shard enters the cache only with it."""
-        return int(self.entry["crc32"])
-
-    def __repr__(self) -> str:
-        return f"RemoteShard({self.url!r}, size={self.size})"
