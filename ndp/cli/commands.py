@@ -143,9 +143,23 @@ def run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_index(shard):
+    """Scan ``shard`` (one blocked read: ``ndp.store.framing``, so a shard cut meanwhile is a
+    ``ShardChangedError``, never a SIGBUS) and write its sidecar index; the index and the
+    corrupt regions the scan stepped over."""
+    from ndp.store.framing import scan_blocks
+    from ndp.store.index import Corruption, Index, write_index
+    from ndp.wire.format import DropReason
+
+    entries, corrupt, crc = scan_blocks(shard)  # crc32: the file's own, from the same read
+    index = Index(entries, shard.size, crc, shard.header.data_offset)
+    write_index(shard.index_path, index.entries, index.shard_size, index.shard_crc32,
+                index.data_offset)
+    return index, [Corruption(o, n, DropReason(r)) for o, n, r in corrupt]
+
+
 def run_index(args: argparse.Namespace) -> int:
     from ndp.errors import ConfigError
-    from ndp.store.index import build_index
     from ndp.store.manifest import shard_entry, write_manifest
     from ndp.store.shard import Shard
 
@@ -160,13 +174,16 @@ def run_index(args: argparse.Namespace) -> int:
     built = {}
     for path in _shard_paths(args.shards):
         shard = Shard(path)
-        index, result = build_index(shard)  # a full scan: its crc32 is the file's own
+        try:
+            index, corrupt = _build_index(shard)
+        finally:
+            shard.close()
         built[path] = shard_entry(path, shard.size, len(index), index.shard_crc32)
         say(f"{path}: {len(index)} packets indexed -> {shard.index_path}")
         report["shards"].append({"path": str(path), "packets": len(index),
                                  "index": str(shard.index_path),
-                                 "corrupt": [c.describe() for c in result.corrupt]})
-        for c in result.corrupt:
+                                 "corrupt": [c.describe() for c in corrupt]})
+        for c in corrupt:
             say(f"  {c.describe()}")
             status = 1
     if args.write_manifest:
@@ -196,6 +213,8 @@ def read_manifest_or_none(directory: Path) -> dict | None:
 def _print_report(report) -> None:
     print(f"{report.path}: {report.size:,} bytes, format version {report.version or 'none (headerless)'}")
     print(f"  packets {report.packets:,}  tokens {report.tokens:,}  index {report.index.split(':')[0]}")
+    if report.continued:
+        print(f"  split documents: {report.continued:,} packets continue the one before them")
     for title, counts in (("SRC", report.by_src), ("DST", report.by_dst), ("TYP", report.by_typ)):
         print(f"  {title}: " + (", ".join(f"{k} {v:,}" for k, v in counts.items()) or "-"))
     if report.length_histogram:
@@ -244,7 +263,6 @@ def run_verify(args: argparse.Namespace) -> int:
     from ndp.errors import RemoteError
     from ndp.cli.inspect import inspect_shard
     from ndp.store.remote import is_url
-    from ndp.store.shard import Shard
 
     failed = 0
     say = (lambda *a: None) if args.json else print
@@ -278,7 +296,7 @@ def run_verify(args: argparse.Namespace) -> int:
             if report.size != entry["bytes"]:
                 report.problems.append(f"{report.size:,} bytes where the manifest recorded "
                                        f"{entry['bytes']:,} (cut, extended or replaced)")
-            elif Shard(path).crc32() != entry["crc32"]:
+            elif report.crc32 is not None and report.crc32 != entry["crc32"]:
                 report.problems.append("crc32 differs from the manifest's: changed after the "
                                        "dataset was written")
         results.append({"path": str(path), "kind": "shard", "ok": report.ok,

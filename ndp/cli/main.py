@@ -191,9 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", choices=("auto", "1", "2"), default="auto",
                    help="1: uint16 tokens, 2: uint32; auto (default): 1 if every id fits")
     p.add_argument("--shard-tokens", type=int, default=None,
-                   help="split into files of this many tokens")
+                   help="split into files of at most this many tokens, each of whole documents "
+                        "(a file is longer only when one document is; the summary counts them)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the files of an earlier export")
+                   help="replace the llm.c files of an earlier export (never a device, FIFO, "
+                        "socket, directory, other file, or one of the dataset's own files)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     _remote_options(p)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ndp.convert.export_paths import destinations
+from ndp.convert.export_tokens import Measure, checked_packets, token_blocks
 from ndp.store.atomic import AtomicFile, fsync_dir
 from ndp.convert.tokenfiles import (
     LLMC_HEADER_WORDS,
@@ -27,14 +29,6 @@ from ndp.convert.tokenfiles import (
     llmc_document_words,
 )
 from ndp.errors import ConfigError, PacketError
-from ndp.wire.format import (
-    FRAME_BYTES,
-    HEADER_BYTES,
-    MASK_COUNT_BYTES,
-    MASKED_TYPES,
-    TOKEN_WIDTH,
-    DropReason,
-)
 from ndp.progress import progress_bar
 
 log = logging.getLogger("ndp.convert")
@@ -55,6 +49,10 @@ class ExportSummary:
     eos_token_id: int | None = None
     split: str | None = None
     recorded: bool = False  # written in the header (words 253-255): not llm.c's default
+    #: with ``shard_tokens``, where files end: "documents" (between documents, as the rule
+    #: above cuts them) or "packets" (between packets: the rule is not known, or "none")
+    files_cut: str | None = None
+    oversized_files: int = 0  # files over ``shard_tokens``: each one document (packet) longer
     seconds: float = 0.0
 
     def describe(self) -> str:
@@ -62,8 +60,19 @@ class ExportSummary:
             f"{len(self.files)} llm.c version {self.version} file(s): tokens {self.tokens:,}  "
             f"from packets {self.packets:,} (masked {self.masked_packets:,}, "
             f"without tokens skipped {self.skipped_packets:,})  [{self.seconds:.1f} s]\n"
-            f"{self._documents()}"
+            f"{self._documents()}{self._files()}"
         )
+
+    def _files(self) -> str:
+        if self.files_cut is None:
+            return ""
+        unit = "document" if self.files_cut == "documents" else "packet"
+        over = (f"; {self.oversized_files} file(s) hold more tokens than asked for: each is one "
+                f"{unit} longer than that, kept whole" if self.oversized_files else "")
+        if self.files_cut == "documents":
+            return f"\nfiles end between documents: each holds whole documents{over}"
+        return ("\nfiles end between packets (the documents are not cut at a known EOS id): a "
+                "document that continues over several packets may straddle two files" + over)
 
     def _documents(self) -> str:
         if self.split is None:
@@ -76,57 +85,6 @@ class ExportSummary:
         where = ("recorded in the header, so 'ndp convert' of the export cuts them there again"
                  if self.recorded else "llm.c's default, so the header stays llm.c's own")
         return f"documents {rule} ({where})"
-
-
-_BIG_ENDIAN = {2: ">u2", 4: ">u4"}
-
-
-def _token_packets(shard, index) -> tuple[np.ndarray, int]:
-    """Index entries of ``shard``'s token packets, after validating every packet: a corrupt one
-    raises ``PacketError`` naming the shard and byte offset. Also the count of valid packets
-    that carry no tokens."""
-    from ndp.engine.reference import validate
-
-    offsets = index.offsets
-    ends = offsets + FRAME_BYTES + index.entries["length"].astype(np.int64)
-    starts = np.concatenate([[index.data_offset], ends]).astype(np.int64)
-    gaps = np.flatnonzero(np.append(offsets, shard.size) != starts)
-    if gaps.size:  # bytes no packet covers: damage a rebuilt index steps over
-        k = int(gaps[0])
-        end = int(offsets[k]) if k < offsets.shape[0] else shard.size
-        raise PacketError(
-            f"{shard.path}: bytes {int(starts[k])}..{end} hold no valid packet (the index steps "
-            "over them); an export would lose their tokens. Run 'ndp verify "
-            f"{shard.path}' and re-convert the shard from its source."
-        )
-    status = validate(shard.data, offsets)
-    bad = np.flatnonzero(~np.isin(status, (DropReason.OK, DropReason.NOT_TOKENS,
-                                           DropReason.UNKNOWN_TYPE)))
-    if bad.size:
-        k = int(bad[0])
-        raise PacketError(
-            f"{shard.path}: packet at byte {int(offsets[k])} is corrupt "
-            f"({DropReason(int(status[k])).name}); {bad.size} corrupt packet(s) in this shard. "
-            f"An export would silently lose their tokens: run 'ndp verify {shard.path}' and "
-            "re-convert the shard from its source."
-        )
-    ok = status == DropReason.OK
-    return index.entries[ok], int(status.shape[0] - ok.sum())
-
-
-def _packet_tokens(data: np.ndarray, entries: np.ndarray) -> Iterator[tuple[np.ndarray, bool]]:
-    """Each token packet's tokens (a big-endian view of the shard) and whether it is masked."""
-    for off, length, typ in zip(entries["offset"].tolist(), entries["length"].tolist(),
-                                entries["typ"].tolist()):
-        width = TOKEN_WIDTH[typ]
-        start = off + HEADER_BYTES
-        masked = typ in MASKED_TYPES
-        if masked:
-            n = (int(data[start]) << 8) | int(data[start + 1])
-            start += MASK_COUNT_BYTES
-        else:
-            n = length // width
-        yield data[start: start + n * width].view(_BIG_ENDIAN[width]), masked
 
 
 class _LlmcWriter:
@@ -224,11 +182,18 @@ def export_llmc(
 
     Packets are read in corpus order (shards sorted by name) and all validated first.
     ``version``: 1 (uint16), 2 (uint32) or ``"auto"`` (1 when every id fits). Without
-    ``shard_tokens`` one file ``output`` is written; with it, files of that many tokens (the
-    last one shorter) named ``<output minus .bin>_000000.bin``, ``_000001.bin``, ...
-    Existing files of those names, or numbered files of an earlier export beside them, are an
-    error unless ``overwrite`` (which also removes such stale numbered files). A dataset URL
-    is read through the shard cache (``ndp.store.remote``: ``storage_options``, ``cache_dir``).
+    ``shard_tokens`` one file ``output`` is written; with it, numbered files named
+    ``<output minus .bin>_000000.bin``, ``_000001.bin``, ... of at most ``shard_tokens`` tokens
+    that hold whole documents (``_file_counts``: a document never straddles two files, so
+    ``ndp convert`` of the files gives the dataset's documents back); a file holds more only
+    when it is one document longer than ``shard_tokens`` (counted: ``oversized_files``).
+
+    Destinations (``ndp.convert.export_paths``): a new path, or a file an earlier export wrote
+    (an llm.c token file) with ``overwrite`` (which also removes stale numbered files of that
+    export); anything else is a ``ConfigError`` before a byte is written: a device, FIFO,
+    socket or directory, a file that is not an llm.c token file, and any path that is (or
+    links to) one of the dataset's own shards, indexes or manifests. A dataset URL is read
+    through the shard cache (``ndp.store.remote``: ``storage_options``, ``cache_dir``).
     """
     from ndp.store.corpus import Corpus
 
@@ -245,44 +210,31 @@ def export_llmc(
                 f"{path}: {c.describe()}, not a packet the index lists; an export would lose "
                 f"its tokens. Run 'ndp verify {path}' and re-convert the shard from its source."
             )
-        shards = [(s, *_token_packets(s, i)) for s, i in zip(corpus.shards, corpus.indexes)]
-        max_id, total, masked = -1, 0, 0
-        for shard, entries, _ in shards:
-            for tokens, is_masked in _packet_tokens(shard.data, entries):
-                total += tokens.shape[0]
-                masked += is_masked
-                if tokens.dtype.itemsize == 4 and tokens.shape[0]:
-                    max_id = max(max_id, int(tokens.max()))
+        out = Path(output)
+        destinations(out, [], corpus, overwrite=overwrite)  # refused before a dataset is read
+        rule = _document_rule(data, corpus.manifests)
+        eos, split = rule if rule is not None else (None, None)
+        by_eos = eos is not None and split in ("before", "after")
+        measure = Measure(eos if by_eos else None, split)
+        shards = [(s, *checked_packets(s, i, measure))
+                  for s, i in zip(corpus.shards, corpus.indexes)]
+        total, max_id, masked = measure.total, measure.max_id, measure.masked
         if version == "auto":
             version = 1 if max_id < 1 << 16 else 2
         if version == 1 and max_id >= 1 << 16:
             raise ConfigError(f"token id {max_id} does not fit llm.c version 1 (uint16); "
                               "export as llm.c version 2 (`version=2`, uint32)")
-        out = Path(output)
-        if out.is_dir():
-            raise ConfigError(f"{out} is a directory; the output is a file name (for example "
-                              f"{out / 'train.bin'})")
+        paths, counts, oversized = _plan(out, total, shard_tokens, measure.bounds())
+        stale = destinations(out, paths, corpus, overwrite=overwrite)
         out.parent.mkdir(parents=True, exist_ok=True)
-        if shard_tokens is None:
-            paths, counts = [out], [total]
-        else:
-            stem = out.name[:-4] if out.name.endswith(".bin") else out.name
-            n_files = max(1, -(-total // shard_tokens))
-            paths = [out.with_name(f"{stem}_{i:06d}.bin") for i in range(n_files)]
-            counts = [min(shard_tokens, total - i * shard_tokens) for i in range(n_files)]
-        stem = out.name[:-4] if out.name.endswith(".bin") else out.name
-        stale = sorted(set(out.parent.glob(f"{stem}_[0-9][0-9][0-9][0-9][0-9][0-9].bin"))
-                       | ({out} if out.exists() else set()))
-        if stale and not overwrite:
-            raise ConfigError(f"{stale[0]} exists ({len(stale)} file(s) of an earlier export); "
-                              f"pass `overwrite=True` or choose another output")
         for path in stale:
-            if path not in paths:
-                path.unlink()
+            path.unlink()
         summary = ExportSummary(files=[str(p) for p in paths], version=version, tokens=total,
                                 masked_packets=masked,
-                                skipped_packets=sum(s[2] for s in shards))
-        rule = _document_rule(data, corpus.manifests)
+                                skipped_packets=sum(s[2] for s in shards),
+                                files_cut=None if shard_tokens is None else
+                                "documents" if by_eos else "packets",
+                                oversized_files=oversized)
         words = None
         if rule is not None:
             summary.eos_token_id, summary.split = rule
@@ -291,14 +243,18 @@ def export_llmc(
         if masked:
             log.warning("%d packet(s) carry a loss mask; llm.c files cannot hold one, so their "
                         "tokens are exported whole and the mask is dropped", masked)
+        if oversized:
+            log.warning("%d file(s) hold more than `shard_tokens=%d` tokens: each is one %s "
+                        "longer than that, kept whole", oversized, shard_tokens,
+                        "document" if by_eos else "packet")
         writer = _LlmcWriter(paths, counts, version, words)
         try:
             with progress_bar(total=total, unit="tok", unit_scale=True, desc="export",
                               enabled=progress) as bar:
                 for shard, entries, _ in shards:
-                    for tokens, _ in _packet_tokens(shard.data, entries):
+                    for tokens, per_packet, _ in token_blocks(shard, entries):
                         writer.write(tokens)
-                        summary.packets += 1
+                        summary.packets += per_packet.shape[0]
                         bar.update(tokens.shape[0])
             writer.close()
         except BaseException:
@@ -308,3 +264,27 @@ def export_llmc(
         corpus.close()
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _plan(out: Path, total: int, shard_tokens: int | None, bounds: np.ndarray
+          ) -> tuple[list[Path], list[int], int]:
+    """The files to write (paths, token counts) and how many hold more than ``shard_tokens``.
+
+    Each file takes as many whole documents (``bounds``) as fit in ``shard_tokens``; a
+    document longer than that is a file of its own, longer than ``shard_tokens``: splitting it
+    would make two documents of it when the files are converted back (ndp convert cuts each
+    file apart, as llm.c's readers read it)."""
+    if shard_tokens is None:
+        return [out], [total], 0
+    counts, oversized, at = [], 0, 0
+    while at < total:
+        end = int(bounds[np.searchsorted(bounds, at + shard_tokens, side="right") - 1])
+        if end <= at:  # no document ends within shard_tokens: one longer than a file
+            end = int(bounds[np.searchsorted(bounds, at, side="right")])
+            oversized += 1
+        counts.append(end - at)
+        at = end
+    counts = counts or [0]  # no tokens: one empty file, as llm.c writes one
+    stem = out.name[:-4] if out.name.endswith(".bin") else out.name
+    paths = [out.with_name(f"{stem}_{i:06d}.bin") for i in range(len(counts))]
+    return paths, counts, oversized

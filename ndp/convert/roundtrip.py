@@ -64,9 +64,10 @@ def _decoded(output: Path, manifest: dict, chunk: int = 1024) -> Iterator[np.nda
     for entry in manifest["shards"]:
         shard = Shard(output / entry["name"])
         offsets = load_index(shard, on_stale="error").offsets
+        data = shard.data  # read whole into memory (never mapped: a cut is an error, no SIGBUS)
+        shard.close()  # the file; ``data`` goes with this shard's turn
         for i in range(0, len(offsets), chunk):
-            batch = decode_padded(shard.data, offsets[i: i + chunk], seq_len=n_max,
-                                  out=buffers)
+            batch = decode_padded(data, offsets[i: i + chunk], seq_len=n_max, out=buffers)
             if batch.stats.valid != batch.stats.packets:
                 raise RoundTripError(f"{shard.path}: dropped packets {batch.stats.dropped}")
             for r in range(batch.input_ids.shape[0]):

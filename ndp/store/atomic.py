@@ -13,7 +13,9 @@ takes for data. An exception discards the temporary file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -30,6 +32,29 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def _open_tmp(tmp: Path) -> int:
+    """A descriptor of ``tmp`` open for writing, empty: never written through to another
+    file. A symbolic link there (``O_NOFOLLOW``), or a file with other names (a hard link to a
+    shard: truncating it would cut the shard), is removed and a new file made in its place;
+    a plain leftover of a killed writer is truncated."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(3):
+        try:
+            fd = os.open(tmp, flags, 0o666)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:  # ELOOP: a symbolic link in the way
+                raise
+            tmp.unlink(missing_ok=True)
+            continue
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink <= 1:
+            os.ftruncate(fd, 0)
+            return fd
+        os.close(fd)  # a file with other names, or no regular file: not ours to write
+        tmp.unlink(missing_ok=True)
+    raise FileExistsError(errno.EEXIST, "keeps being replaced while opened", str(tmp))
+
+
 class AtomicFile:
     """``path`` being written: ``file`` is the open temporary file; ``commit()`` puts it in
     place, ``abort()`` removes it."""
@@ -37,7 +62,7 @@ class AtomicFile:
     def __init__(self, path: str | os.PathLike, mode: str = "wb", **open_kw: Any) -> None:
         self.path = Path(path)
         self.tmp = self.path.with_name(self.path.name + TMP_SUFFIX)
-        self.file: IO = open(self.tmp, mode, **open_kw)
+        self.file: IO = os.fdopen(_open_tmp(self.tmp), mode, **open_kw)
 
     def commit(self, *, sync_dir: bool = True) -> Path:
         """Flush, fsync, rename over ``path`` (and fsync its directory unless the caller will,

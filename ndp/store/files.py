@@ -1,10 +1,12 @@
 """Shard files read with pread(2): a bounded set of open files, and a file changed under ndp as
 an error that names it.
 
-The Loader does not memory-map shards. A mapped file cut under its reader kills the process
-with SIGBUS, without a traceback, and every mapping holds a file descriptor for as long as it
-lives (a data set of thousands of shards then runs out of them). Instead, bytes are read into
-buffers ndp owns (the host staging buffer, the GPU's pinned bounce buffers):
+Nothing in ndp memory-maps a shard: not the Loader, not the tools (every read goes through
+``ndp.store.shard.Shard``, which reads through here). A mapped file cut under its reader kills
+the process with SIGBUS, without a traceback, and every mapping holds a file descriptor for as
+long as it lives (a data set of thousands of shards then runs out of them). Instead, bytes are
+read into buffers ndp owns (the host staging buffer, the GPU's pinned bounce buffers, a
+whole-shard pass's block):
 
 * a read that comes back short (the file was cut) raises ``ShardChangedError`` naming the file,
   the bytes asked for and its size now;
@@ -14,7 +16,8 @@ buffers ndp owns (the host staging buffer, the GPU's pinned bounce buffers):
   process (the least recently used is closed first, never one a read is using); a file reopened
   must be the same file (device, inode, size and modification time as when first opened), else
   ``ShardChangedError``: it was replaced;
-* ``close_file`` closes a shard's file (``Corpus.close``, hence ``Loader.close``).
+* ``close`` closes a shard's file (``Corpus.close``, hence ``Loader.close``);
+* ``check_same``: after a whole-shard pass, the file must still be the one it read.
 
 Many small reads (an SFT chunk's packets scattered over a shard) are one compiled loop of
 pread calls on ndp's threads, without the GIL.
@@ -174,6 +177,23 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def check_same(path: Path, identity: tuple) -> None:
+    """``ShardChangedError`` unless ``path`` is still the file of ``identity`` (device, inode,
+    size, modification time): a whole-shard pass checks it after its last read, since bytes
+    cut after that read would leave its result describing a file that is no longer there."""
+    try:
+        now = _identity(os.stat(path))
+    except FileNotFoundError:
+        raise ShardChangedError(f"{path}: the shard is gone (deleted or moved while ndp read "
+                                f"it)") from None
+    if now != identity:
+        raise ShardChangedError(
+            f"{path}: changed while ndp read it (now {now[2]:,} bytes, inode {now[1]}, "
+            f"modified at {now[3]} ns; it was {identity[2]:,} bytes, inode {identity[1]}, "
+            f"modified at {identity[3]} ns when opened): it was cut, extended or replaced. "
+            f"Read it again once nothing writes to it")
+
+
 def identity_of(path: Path) -> tuple[int, int, int, int]:
     """(device, inode, size, modification time) of ``path``: what a reopened file must still
     be. ``ShardFormatError`` if it is not a regular file (``regular_file``)."""
@@ -186,13 +206,19 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
           (stat.S_ISSOCK, "a socket"))
 
 
+def kind_of(st: os.stat_result) -> str:
+    """What a path with this ``stat`` is, in words: "a regular file", "a FIFO", ..."""
+    if stat.S_ISREG(st.st_mode):
+        return "a regular file"
+    return next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
+
+
 def regular_file(path: str | os.PathLike) -> os.stat_result:
     """``os.stat(path)`` (links followed), or ``ShardFormatError`` naming ``path`` and what it
     is if it is not a regular file. Stats without opening: an ``open(2)`` of a FIFO blocks."""
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
-        what = next((name for test, name in _KINDS if test(st.st_mode)), "not a file")
         raise ShardFormatError(
-            f"{path}: {what}, not a regular file: a shard is a file that 'ndp convert' wrote. "
-            f"Move it out of the dataset, or name the shards to read")
+            f"{path}: {kind_of(st)}, not a regular file: a shard is a file that 'ndp convert' "
+            f"wrote. Move it out of the dataset, or name the shards to read")
     return st

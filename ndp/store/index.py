@@ -28,15 +28,15 @@ from ndp.wire.format import (
     INDEX_MAGIC,
     INDEX_SUFFIX,
     INDEX_VERSION,
-    TYP_SKIP_TABLE,
     DropReason,
 )
 from ndp.kernels.crc16 import CRC16_TABLES, headers_differ, scan_frames
+from ndp.store.framing import KNOWN_TYP, scan_blocks
 from ndp.store.pieces import count_continued
 from ndp.store.shard import Shard
 
 # resync candidates must carry a TYP this format defines (token or value types)
-_KNOWN_TYP = (TYP_SKIP_TABLE != DropReason.UNKNOWN_TYPE).astype(np.uint8)
+_KNOWN_TYP = KNOWN_TYP
 _SCAN_CHUNK = 1 << 20  # packets (and corrupt regions) per scan call: 8 MB of int64 each
 
 
@@ -97,7 +97,16 @@ def scan(data: np.ndarray, start: int = 0) -> ScanResult:
 
 def scan_shard(shard: Shard) -> ScanResult:
     """Framing scan of a shard's packets (after its header, if any)."""
-    return scan(shard.data, shard.header.data_offset)
+    return scan_shard_crc(shard)[0]
+
+
+def scan_shard_crc(shard: Shard) -> tuple[ScanResult, int]:
+    """``scan_shard``, and the file's crc32, from one read of it a block at a time
+    (``ndp.store.framing``: a shard cut meanwhile is a ``ShardChangedError``, never a SIGBUS,
+    and what is held is one block whatever the shard's size)."""
+    entries, corrupt, crc = scan_blocks(shard)
+    return ScanResult(entries, [Corruption(int(o), int(n), DropReason(int(r)))
+                                for o, n, r in corrupt]), crc
 
 
 # --- the sidecar file ---------------------------------------------------------------------------
@@ -379,14 +388,14 @@ def index_or_scan(shard: Shard, read, *, on_stale: str = "rebuild", stacklevel: 
             raise
         problem = str(err)
     warnings.warn(f"{problem}; scanning the shard instead", stacklevel=stacklevel)
-    result = scan_shard(shard)
-    return Index(result.entries, shard.size, shard.crc32(), shard.header.data_offset), result
+    result, crc = scan_shard_crc(shard)
+    return Index(result.entries, shard.size, crc, shard.header.data_offset), result
 
 
 def build_index(shard: Shard) -> tuple[Index, ScanResult]:
     """Scan ``shard`` and write its sidecar index; return the index and what the scan found."""
-    result = scan_shard(shard)
-    index = Index(result.entries, shard.size, shard.crc32(), shard.header.data_offset)
+    result, crc = scan_shard_crc(shard)
+    index = Index(result.entries, shard.size, crc, shard.header.data_offset)
     write_index(shard.index_path, index.entries, index.shard_size, index.shard_crc32,
                 index.data_offset)
     return index, result

@@ -140,3 +140,52 @@ def test_an_export_onto_a_full_disk_fails_by_name_and_leaves_no_temporary_file(t
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "File too large" in proc.stderr or "No space" in proc.stderr, proc.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("llmc")) == []
+
+
+#: the id documents end with in ``ramp_documents``: above every ramp token
+RAMP_EOS = 65000
+
+
+def ramp_documents(n_docs: int = 1001, seed: int = 14) -> list[np.ndarray]:
+    """Ramp documents (token i == position i of the stream, uint16) of 1-80 tokens and a few
+    of 700-1,300, each ending with ``RAMP_EOS`` in place of its last position."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 80, n_docs)
+    lengths[[10, 500, 990]] = (700, 1300, 1001)  # longer than the files asked for below
+    ends = np.cumsum(lengths)
+    stream = np.arange(int(ends[-1]), dtype=np.int64)
+    stream[ends - 1] = RAMP_EOS
+    assert ends[-1] < RAMP_EOS
+    return np.split(stream, ends[:-1])
+
+
+def test_files_of_shard_tokens_hold_whole_documents_so_the_round_trip_gives_them_back(
+        tmp_path, capsys):
+    """Issue 39, finding 14: an export cut every --shard-tokens tokens, so converting its files
+    back gave 1,004 documents for 1,001 (a document cut at each file boundary)."""
+    docs = ramp_documents()
+    src = tmp_path / "in.bin"
+    head = np.zeros(LLMC_HEADER_WORDS, "<i4")
+    head[:3] = (20240520, 1, sum(map(len, docs)))
+    src.write_bytes(head.tobytes() + np.concatenate(docs).astype("<u2").tobytes())
+    convert_token_files([src], tmp_path / "ds", eos_token_id=RAMP_EOS, split="after",
+                        max_shard_bytes=70_000, progress=False)  # 2 shards: a boundary too
+    assert len(list((tmp_path / "ds").glob("*.ndp"))) == 2
+
+    summary = export_llmc(tmp_path / "ds", tmp_path / "out" / "x.bin", shard_tokens=500)
+    files = [read_llmc(p) for p in summary.files]
+    assert np.concatenate([f.tokens for f in files]).tolist() == np.concatenate(docs).tolist()
+    assert all(f.tokens[-1] == RAMP_EOS for f in files)  # each file ends where a document does
+    over = [f.tokens.shape[0] for f in files if f.tokens.shape[0] > 500]
+    assert sorted(over) == [700, 1001, 1300] and summary.oversized_files == 3  # alone, whole
+    assert "each holds whole documents; 3 file(s) hold more tokens" in summary.describe()
+    back = convert_token_files(summary.files, tmp_path / "back", progress=False)
+    assert back.documents == len(docs) == 1001
+    assert packet_tokens(tmp_path / "back") == [d.tolist() for d in docs]
+
+    assert main(["export", str(tmp_path / "ds"), "-o", str(tmp_path / "cli" / "y.bin"),
+                 "--shard-tokens", "500", "--no-progress"]) == 0
+    capsys.readouterr()
+    names = sorted(str(p) for p in (tmp_path / "cli").glob("y_*.bin"))
+    assert main(["convert", *names, str(tmp_path / "back2"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["documents"] == 1001

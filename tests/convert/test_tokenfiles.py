@@ -266,15 +266,18 @@ def test_llmq_and_raw_round_trip_tokens(tmp_path, caplog):
     assert (tmp_path / "r_back.bin").read_bytes()[1024:] == (tmp_path / "r.bin").read_bytes()
 
 
-def test_shard_tokens_splits_into_numbered_files(tmp_path):
-    tokens = np.concatenate(eot_first([10, 12, 15]))  # 40 tokens
+def test_shard_tokens_splits_into_numbered_files_of_whole_documents(tmp_path):
+    tokens = np.concatenate(eot_first([10, 12, 15, 2, 1]))  # documents of 11, 13, 16, 3, 2
     convert(write_llmc(tmp_path / "a.bin", tokens), tmp_path / "out")
     summary = export_llmc(tmp_path / "out", tmp_path / "exp" / "fineweb.bin", shard_tokens=16)
     names = [p.split("/")[-1] for p in summary.files]
-    assert names == ["fineweb_000000.bin", "fineweb_000001.bin", "fineweb_000002.bin"]
+    assert names == [f"fineweb_{i:06d}.bin" for i in range(4)]
     parts = [read_llmc(p) for p in summary.files]
-    assert [p.tokens.shape[0] for p in parts] == [16, 16, 8]
+    # a file ends where a document does (11 + 13 > 16, so not 16, 16, 8 as tokens would fill)
+    assert [p.tokens.shape[0] for p in parts] == [11, 13, 16, 5]
+    assert all(p.tokens[0] == EOT for p in parts)  # llm.c documents start at their EOT
     assert np.concatenate([p.tokens for p in parts]).tolist() == tokens.tolist()
+    assert (summary.files_cut, summary.oversized_files) == ("documents", 0)
     assert not list((tmp_path / "exp").glob("*.tmp"))
 
 
@@ -301,9 +304,15 @@ def test_export_refuses_a_shard_whose_index_skips_damage(tmp_path):
         export_llmc(tmp_path / "o", tmp_path / "x.bin")
     assert shard.name in str(err.value) and "byte " in str(err.value)
     build_index(Shard(shard))  # a fresh index that no longer lists the damaged packet
-    # packet 0 is bytes 32..52 (6 uint16 tokens + 8), the damaged packet 1 is bytes 52..74
-    with pytest.raises(PacketError, match="bytes 52\\.\\.74 hold no valid packet") as err:
+    # packet 0 is bytes 32..52 (6 uint16 tokens + 8), the damaged packet 1 is bytes 52..74:
+    # the manifest's crc32 says the shard changed, and the corpus' scan finds where
+    with pytest.warns(UserWarning, match="damaged after it was written"), \
+            pytest.raises(PacketError, match="byte 52: 22 bytes skipped") as err:
         export_llmc(tmp_path / "o", tmp_path / "x.bin")
+    assert shard.name in str(err.value) and not (tmp_path / "x.bin").exists()
+    # named without its manifest, the fresh index is all there is to go by: its gap is found
+    with pytest.raises(PacketError, match="bytes 52\\.\\.74 hold no valid packet") as err:
+        export_llmc([shard], tmp_path / "x.bin")
     assert shard.name in str(err.value) and not (tmp_path / "x.bin").exists()
 
 
@@ -372,7 +381,8 @@ def test_cli_convert_detects_token_files_and_export_round_trips(tmp_path, capsys
                  "--no-progress"]) == 0
     assert (tmp_path / "back.bin").read_bytes() == src.read_bytes()
     assert main(["export", str(tmp_path / "out"), "-o", str(tmp_path / "s" / "x.bin"),
-                 "--version", "2", "--shard-tokens", "10", "--no-progress"]) == 0
+                 "--version", "2", "--shard-tokens", "13", "--no-progress"]) == 0
+    # documents of 5, 10 and 3 tokens: 5 + 10 > 13, 10 + 3 <= 13
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["x_000000.bin", "x_000001.bin"]
     assert read_llmc(tmp_path / "s" / "x_000000.bin").version == 2
 
@@ -403,13 +413,13 @@ def test_cli_errors_exit_2_naming_the_file(tmp_path, capsys):
 def test_export_refuses_to_overwrite_an_earlier_export(tmp_path):
     from ndp_test_helpers import ramp_specs
 
-    write_shards(tmp_path / "ds", [s.encode() for s in ramp_specs([5, 9, 3], width=2)])
+    write_shards(tmp_path / "ds", [s.encode() for s in ramp_specs([5, 9, 3, 1], width=2)])
     out = tmp_path / "out" / "train.bin"
-    export_llmc(tmp_path / "ds", out, shard_tokens=4)
+    export_llmc(tmp_path / "ds", out, shard_tokens=4)  # no EOS known: cut between packets
     names = sorted(p.name for p in out.parent.iterdir())
-    assert names == [f"train_{i:06d}.bin" for i in range(5)]
+    assert names == [f"train_{i:06d}.bin" for i in range(3)]  # 5, 9, 3 + 1
     with pytest.raises(ConfigError, match="earlier export"):
-        export_llmc(tmp_path / "ds", out, shard_tokens=10)
-    export_llmc(tmp_path / "ds", out, shard_tokens=10, overwrite=True)
+        export_llmc(tmp_path / "ds", out, shard_tokens=13)
+    export_llmc(tmp_path / "ds", out, shard_tokens=13, overwrite=True)  # 5, then 9 + 3 + 1
     assert sorted(p.name for p in out.parent.iterdir()) == ["train_000000.bin", "train_000001.bin"]
-    assert main(["export", str(tmp_path / "ds"), "-o", str(out), "--shard-tokens", "10"]) == 2
+    assert main(["export", str(tmp_path / "ds"), "-o", str(out), "--shard-tokens", "13"]) == 2

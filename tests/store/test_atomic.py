@@ -46,3 +46,20 @@ def test_every_writer_uses_the_helper():
                 offenders.append(f"{source.relative_to(ROOT)}: {pattern}")
     # bad_inputs.py damages files on purpose (its test data), which is not writing results
     assert [o for o in offenders if not o.startswith("benchmarks/bad_inputs.py")] == []
+
+
+@pytest.mark.parametrize("how", ["symlink", "hardlink"])
+def test_a_link_where_the_temporary_goes_is_never_written_through(tmp_path, how):
+    """``<name>.tmp`` made a link to another file (a shard) before the write: the write makes
+    a file of its own there, and the other file is left as it was (it was once truncated
+    through the link)."""
+    victim = tmp_path / "shard.ndp"
+    victim.write_bytes(b"the shard's bytes")
+    tmp = tmp_path / "out.bin.tmp"
+    if how == "symlink":
+        tmp.symlink_to(victim)
+    else:
+        tmp.hardlink_to(victim)
+    atomic_write(tmp_path / "out.bin", b"exported")
+    assert victim.read_bytes() == b"the shard's bytes"
+    assert (tmp_path / "out.bin").read_bytes() == b"exported" and not tmp.exists()

@@ -278,10 +278,10 @@ def test_writer_packet_exactly_filling_shard(tmp_path):
 
 
 # --- Shard reader ------------------------------------------------------------------------------
-def test_shard_memory_maps(ramp_shard):
+def test_shard_data_is_the_file_read_into_memory_never_a_mapping(ramp_shard):
     info, stream = ramp_shard
     shard = Shard(info.path)
-    assert isinstance(shard.data, np.memmap)
+    assert not isinstance(shard.data, np.memmap)  # a mapping cut under it would be a SIGBUS
     assert shard.data.dtype == np.uint8 and shard.data.ndim == 1
     assert shard.size == len(stream.data)
     assert bytes(shard.data) == stream.data
@@ -291,7 +291,7 @@ def test_shard_memory_maps(ramp_shard):
     assert shard.index_path == info.path.with_name(info.path.name + ".idx")
     assert str(info.path) in repr(shard)
     with pytest.raises(ValueError):
-        shard.data[0] = 0  # read-only mapping
+        shard.data[0] = 0  # read-only, as the shard
 
 
 def test_headerless_stream(tmp_path):
@@ -423,3 +423,62 @@ def test_a_directory_named_like_a_shard_is_refused(tmp_path):
     (tmp_path / "d.ndp").mkdir()
     with pytest.raises(ShardFormatError, match="a directory, not a regular file"):
         Shard(tmp_path / "d.ndp")
+
+
+# --- whole-shard reads: pread in blocks, never a mapping -------------------------------------
+def test_blocks_cover_the_file_once_in_order(tmp_path):
+    stream = ramp_stream(list(range(0, 400, 7)), header=True)
+    path = tmp_path / "s.ndp"
+    path.write_bytes(stream.data)
+    shard = Shard(path)
+    got = [(at, bytes(block)) for at, block in shard.blocks(block=1000)]
+    assert [at for at, _ in got] == list(range(0, len(stream.data), 1000))
+    assert b"".join(b for _, b in got) == stream.data
+    assert b"".join(bytes(b) for _, b in shard.blocks(40, 2500, block=700)) == stream.data[40:2500]
+    assert shard.crc32() == zlib.crc32(stream.data)
+
+
+def test_packet_blocks_hold_whole_packets_in_runs_of_at_most_a_block(tmp_path):
+    stream = ramp_stream([5, 300, 0, 16383, 2, 40, 16383, 7], header=True)
+    path = tmp_path / "s.ndp"
+    path.write_bytes(stream.data)
+    offsets = np.array(stream.offsets, np.int64)
+    ends = np.array([stream.span(k)[1] for k in range(len(stream.offsets))], np.int64)
+    seen = []
+    for i, j, data, at in Shard(path).packet_blocks(offsets, ends, block=5000):
+        assert data.shape[0] <= 5000 or j == i + 1  # a run, or one packet larger than a block
+        for k, a in zip(range(i, j), at.tolist()):
+            assert bytes(data[a: a + ends[k] - offsets[k]]) == stream.packets[k]
+        seen += range(i, j)
+    assert seen == list(range(len(stream.offsets)))
+
+
+CUT_UNDER_DATA = """
+import os, sys
+from ndp.errors import ShardChangedError
+from ndp.store.shard import Shard
+path, size = sys.argv[1], int(sys.argv[2])
+shard = Shard(path)
+os.truncate(path, size // 2)  # cut after it was opened, before its bytes are read
+try:
+    print("READ", shard.data.shape[0])
+except ShardChangedError as exc:
+    print("REFUSED", exc)
+data = Shard(path).data  # the file as it is now, read whole
+os.truncate(path, 0)  # cut while its bytes are held: a mapping would SIGBUS on the next touch
+print("SUM", int(data.astype("int64").sum()))
+"""
+
+
+def test_shard_data_of_a_cut_shard_is_an_error_or_its_bytes_never_a_sigbus(tmp_path):
+    """``Shard.data`` once memory-mapped the file: a shard cut before it was mapped came back
+    short without a word, and one cut while mapped killed the process (SIGBUS, exit -7)."""
+    stream = ramp_stream([100] * 50, header=True)
+    path = tmp_path / "s.ndp"
+    path.write_bytes(stream.data)
+    result = subprocess.run([sys.executable, "-c", CUT_UNDER_DATA, str(path),
+                             str(len(stream.data))], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    refused, total = result.stdout.splitlines()
+    assert refused.startswith(f"REFUSED {path}: ") and "while ndp read it" in refused
+    assert total == f"SUM {sum(stream.data[: len(stream.data) // 2])}"
