@@ -10,7 +10,9 @@ commits nothing; one whose truncation cuts more than ``TRUNCATION_WARN`` of the 
 loudly, with the options that keep them. The dataset is built beside ``output`` and swapped in whole
 once its manifest ``ndp.json`` (the commit record, ``ndp.store.manifest``) is written: a run killed
 at any moment leaves ``output`` as it was (nothing, or the old dataset when overwriting), never part
-of a dataset. An output URL (``s3://bucket/prefix/``) gets each shard uploaded as it is finished and
+of a dataset; one stopped by SIGTERM or Ctrl-C also removes what it staged and says so in one line,
+and a second conversion into the same output while this one runs is refused at once (a lock file
+beside it). An output URL (``s3://bucket/prefix/``) gets each shard uploaded as it is finished and
 the manifest last (``ndp.store.upload``).
 """
 

@@ -14,8 +14,10 @@ file starts a shard). The driver gathers each file's counts as its task finishes
 bar over the input bytes), checks the totals as the local converter does (``max_skipped``,
 truncation), then writes one manifest: the commit.
 
-A local Ray that ndp starts (no ``address``, no ``RAY_ADDRESS``) dies with the command, even
-one killed with SIGKILL (``ndp.convert.reaper``).
+A local Ray that ndp starts (no ``address``, no ``RAY_ADDRESS``, or ``"local"``) dies with the
+command, even one killed with SIGKILL (``ndp.convert.reaper``), and is shut down before a failed
+or stopped conversion removes its staging directory. A local output is locked
+(``ndp.store.manifest.staged_output``) before Ray starts.
 
 Output: a local directory (written by the tasks in place, so on a cluster it must be a shared
 filesystem) or a URL (each task uploads its shards as it finishes them, ``ndp.store.upload``; the
@@ -31,6 +33,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ndp.convert.options import (
@@ -104,6 +107,17 @@ class _ConvertFile:
         })}
 
 
+@contextlib.contextmanager
+def _shut_down_on_error(ray) -> Iterator[None]:
+    """ndp's own local Ray is shut down when the conversion fails, before the staging directory
+    is removed: its tasks write there, and one still running would make it anew."""
+    try:
+        yield
+    except BaseException:
+        ray.shutdown()
+        raise
+
+
 def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, tokenizer: str,
                 options: ConvertOptions = ConvertOptions(), address: str | None = None,
                 num_cpus: int | None = None) -> ConvertSummary:
@@ -119,16 +133,6 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
     maker = PacketMaker(tokenizer, opts, output=output)  # checks the options and tokenizer here
     summary = maker.summary
     started = time.perf_counter()
-    if not ray.is_initialized():
-        if not (address or os.environ.get("RAY_ADDRESS")):  # a local Ray, ndp's own: it must
-            from ndp.convert.reaper import reap_with_this_process  # not outlive the command
-
-            reap_with_this_process()
-        ray.init(address=address, num_cpus=None if address else num_cpus,
-                 include_dashboard=False, log_to_driver=False, configure_logging=False)
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False  # ndp's own bar counts the input bytes
-    logging.getLogger("ray.data").setLevel(logging.ERROR)
     with contextlib.ExitStack() as stack:
         if is_url(output):
             from ndp.store.upload import RemoteOutput
@@ -137,10 +141,31 @@ def convert_ray(inputs: list[str | os.PathLike], output: str | os.PathLike, *, t
                                     overwrite=opts.overwrite)
             stage = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ndp-")))
             target = str(output)
-        else:
+        else:  # locked before Ray starts: a second writer is refused before it waits for Ray
             uploader = None
             stage = stack.enter_context(staged_output(Path(output), overwrite=opts.overwrite))
             target = str(stage)
+        own = not ray.is_initialized() and (address or os.environ.get("RAY_ADDRESS")
+                                            or "local") == "local"
+        if own:  # a local Ray, ndp's own: it must not outlive the command (ndp.convert.reaper)
+            from ndp.convert.reaper import reap_with_this_process
+
+            temp_dir = reap_with_this_process()  # None without /proc: Ray's default
+            stack.enter_context(_shut_down_on_error(ray))
+            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False,
+                     **({"_temp_dir": str(temp_dir)} if temp_dir else {}))
+        elif num_cpus is not None:
+            joined = ("the Ray already running in this process" if ray.is_initialized() else
+                      f"the cluster at {address or os.environ.get('RAY_ADDRESS')}")
+            raise ConfigError(f"`num_cpus={num_cpus}` sizes a local Ray that ndp starts; this "
+                              f"conversion runs on {joined}: leave `num_cpus` out")
+        elif not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # ndp's own bar counts the input bytes
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
         units = [{"unit": i} for i in range(len(files))]
         dataset = ray.data.from_items(units, override_num_blocks=max(1, len(units))).map(
             _ConvertFile, fn_constructor_kwargs={"tokenizer": tokenizer, "options": opts,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ndp.convert import ConvertOptions, convert
+from ndp.errors import ConfigError
 from ndp.store.corpus import Corpus
 from ndp.cli.demo import stdlib_files
 from ndp.loader.loader import Loader
@@ -91,86 +92,11 @@ def test_ray_converts_to_object_storage(local_ray, inputs, tokenizer_dir, s3_ser
     assert len(got) == len(want) > 0 and all(np.array_equal(x, y) for x, y in zip(got, want))
 
 
-def _processes() -> dict[int, tuple[int, bytes, str]]:
-    """pid -> (parent pid, start time, command line) of every process (Linux /proc)."""
-    import os
-
-    out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            out[int(name)] = (int(fields[1]), fields[19], cmd)
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
-
-
-def _descendants(root: int, procs: dict) -> set[tuple[int, bytes, str]]:
-    kids: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in procs.items():
-        kids.setdefault(ppid, []).append(pid)
-    found, todo = set(), list(kids.get(root, []))
-    while todo:
-        pid = todo.pop()
-        found.add((pid, procs[pid][1], procs[pid][2]))
-        todo.extend(kids.get(pid, []))
-    return found
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
-def test_a_local_ray_dies_with_a_command_killed_by_sigkill(tokenizer_dir, tmp_path):
-    """Issue 28 item 9: `ndp convert --engine ray` starts a local Ray; killed with SIGKILL once
-    Ray's agents and workers run, it leaves none of the processes it started behind (Ray's
-    GCS and raylet died with it, but its agents ran on: ndp.convert.reaper)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    text = "".join(p.read_text(encoding="utf-8") for p in stdlib_files(40))
-    for j in range(4):  # enough input to outlast Ray's start by many seconds
-        with open(tmp_path / f"in{j}.jsonl", "w", encoding="utf-8") as f:
-            for k in range(60):
-                f.write(json.dumps({"text": text[k * 97 % 5000:]}) + "\n")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "ndp.cli", "convert", *sorted(map(str, tmp_path.glob("*.jsonl"))),
-         str(tmp_path / "out"), "--tokenizer", tokenizer_dir, "--engine", "ray",
-         "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    started: set = set()
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline and child.poll() is None:
-            started = _descendants(child.pid, _processes())
-            if any("ray::" in cmd for _, _, cmd in started) and len(started) >= 4:
-                break
-            time.sleep(0.5)
-        assert child.poll() is None, "the conversion ended before Ray's workers were seen"
-        time.sleep(1.0)
-        started = _descendants(child.pid, _processes())
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
-        deadline = time.time() + 30
-        left = started
-        while time.time() < deadline:
-            now = _processes()
-            left = {(pid, t, cmd) for pid, t, cmd in started
-                    if pid in now and now[pid][1] == t}
-            if not left:
-                break
-            time.sleep(0.5)
-        assert not left, sorted(cmd[:60] for _, _, cmd in left)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        for pid, _, _ in started:  # whatever this test made, even where it failed
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+def test_num_cpus_for_a_ray_ndp_does_not_start_is_refused(local_ray, inputs, tokenizer_dir,
+                                                          tmp_path):
+    """`num_cpus` sizes the local Ray that ndp starts; on a Ray already running it would be
+    ignored without a word: refused, before anything is written."""
+    with pytest.raises(ConfigError, match=r"`num_cpus=3` sizes a local Ray .* already running"):
+        convert_ray(inputs, tmp_path / "out", tokenizer=tokenizer_dir, num_cpus=3,
+                    options=ConvertOptions(**OPTS))
+    assert [p.name for p in tmp_path.iterdir()] == [".out.ndp-lock"]
