@@ -26,6 +26,7 @@ import numpy as np
 
 from ndp.kernels.verdict import tokens_of as verdict_tokens
 from ndp.store.pieces import runs_after
+from ndp.wire.format import INDEX_ENTRY_DTYPE
 
 
 def active(corpus: Any, mode: str) -> bool:
@@ -107,8 +108,23 @@ def expand(corpus: Any, packets: np.ndarray, shard_ids: np.ndarray | None,
         own = step == 0
         got[own] = entries[place_of[own]]
         if not own.all():
-            got[~own] = corpus.entries_at(out[~own], out_ids[~own])
+            got[~own] = _entries(corpus, out[~own], out_ids[~own])
     return Expanded(out, out_ids, got, place_of, first_of)
+
+
+def _entries(corpus: Any, packets: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The index entries of later pieces: from the held entries, else read one by one
+    (``LazyIndex.read_at``, from a checked index), so that a chunk's pieces never pull a whole
+    index into the corpus' entry cache (which holds ~32 MB when a rank keeps its own
+    entries' tables) and push out what the others use."""
+    out = np.empty(packets.shape[0], INDEX_ENTRY_DTYPE)
+    for s in np.unique(ids).tolist():
+        where = ids == s
+        local = packets[where] - corpus.base[s]
+        index = corpus.indexes[s]
+        read_at = getattr(index, "read_at", None)
+        out[where] = index.entries[local] if read_at is None else read_at(local)
+    return out
 
 
 def to_places(layout: Any, ex: Expanded, verdicts: np.ndarray, pos: int) -> Any:
