@@ -7,9 +7,12 @@
 Each case damages a small ramp dataset (packet ``k`` holds ``k * 1000 + 0..n-1``), or misuses
 the API or the command line, the way issue 12 lists them: indexes, partial datasets, ranks,
 resume states, files changed under a reader, values a model cannot take, misuse, command-line
-mistakes, damaged shards; and issue 28's (in ``bad_inputs_more.py``, with the groups "files" to
+mistakes, damaged shards; issue 28's (in ``bad_inputs_more.py``, with the groups "files" to
 "command line"): elastic resume, a FIFO shard, zero lengths, a padded batch of no row, named
-errors, a full disk, remote datasets (where moto and s3fs are installed). A case is **handled**
+errors, a full disk, remote datasets (where moto and s3fs are installed); and issue 39's (in
+``bad_inputs_round3.py``): the count cache against damaged indexes, a foreign shard, options
+and manifest fields of a wrong type, an epoch of no batch, tokenizers mixed, split documents,
+a Loader across threads and forks. A case is **handled**
 when ndp does one of the two things it promises:
 
 * refuses with a named error (an ``ndp.errors`` class; on the command line one message, exit
@@ -348,6 +351,7 @@ def _not_dict(tmp):
 # files, values, misuse, the command line, then issue 28's classes: registered into CASES when
 # imported, after the groups above (it imports its helpers from this module); the shards after
 import bad_inputs_more  # noqa: E402,F401
+import bad_inputs_round3  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------------- the shards

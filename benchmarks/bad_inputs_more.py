@@ -117,17 +117,31 @@ def _vocab(tmp):
 # ------------------------------------------------------------------------------------- misuse
 @case("misuse", "two threads iterating one Loader")
 def _two_threads(tmp):
+    """The second thread starts its loop while the first is inside its own (an event holds the
+    first mid-epoch: two loops that merely follow each other are no misuse)."""
     ld = loader(dataset(tmp / "d"))
     errors: list[BaseException] = []
+    inside, done = threading.Event(), threading.Event()
 
-    def run() -> None:
+    def first() -> None:
         try:
             for _ in ld:
-                time.sleep(0.001)
+                inside.set()
+                done.wait(30)
         except BaseException as exc:  # noqa: BLE001 - collected
             errors.append(exc)
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
+    def second() -> None:
+        inside.wait(30)
+        try:
+            for _ in ld:
+                pass
+        except BaseException as exc:  # noqa: BLE001 - collected
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for t in threads:
         t.start()
     for t in threads:
