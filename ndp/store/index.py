@@ -32,6 +32,7 @@ from ndp.wire.format import (
 )
 from ndp.kernels.crc16 import CRC16_TABLES, headers_differ, scan_frames
 from ndp.store.framing import KNOWN_TYP, scan_blocks
+from ndp.store.index_walk import INTO_HEADER, OVERLAP, PAST_END, walk
 from ndp.store.pieces import count_continued
 from ndp.store.shard import Shard
 
@@ -248,37 +249,37 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
       reads the whole shard from disk. Without it (``verify="size"``), the Loader checks each
       packet's header when it decodes it (``Corpus.check_headers``) and refuses a mismatch.
 
-    Payloads (CRC) are not read: the decoders check every packet they decode. The entries are
-    checked ``CHECK_BLOCK`` at a time: what the check allocates does not grow with the shard."""
+    Payloads (CRC) are not read: the decoders check every packet they decode. The order and the
+    gaps are one compiled pass (``ndp.store.index_walk``), the headers ``CHECK_BLOCK`` entries at
+    a time: what the check allocates does not grow with the shard."""
     where = where or shard.index_path
     hint = f"Rebuild it with 'ndp index {shard.path}'."
     size, start = shard.size, shard.header.data_offset
     entries = index.entries
     n = len(index)
-    gaps: list[tuple[int, int]] = []  # (first byte, end) of each gap between packets
-    end = start  # where the packet before the block ends (the shard header, for the first)
-    for i in range(0, n, CHECK_BLOCK):
-        block = entries[i: i + CHECK_BLOCK]
-        # unsigned, offsets first: a hostile offset near 2**63 or 2**64 must not wrap the sum
-        offsets = block["offset"].astype(np.uint64)
-        ends = offsets + np.uint64(FRAME_BYTES) + block["length"].astype(np.uint64)
-        if int(offsets.max()) > size or int(ends.max()) > size:
-            raise IndexMismatchError(f"{where}: entries point past the end of the shard. {hint}")
-        if i == 0 and int(offsets[0]) < start:
-            raise IndexMismatchError(f"{where}: an entry points into the shard header. {hint}")
-        before = np.concatenate([np.array([end], np.uint64), ends[:-1]])  # each one's gap start
-        if i and (offsets[:1] < before[:1]).any() or (offsets[1:] < before[1:]).any():
-            bad = i - 1 + int(np.flatnonzero(offsets < before)[0])
-            raise IndexMismatchError(
-                f"{where}: entry {bad + 1} (byte {int(entries['offset'][bad + 1])}) repeats or "
-                f"overlaps the packet before it; offsets must increase packet by packet. {hint}")
-        if headers:
-            check_headers(entries, np.arange(i, i + block.shape[0]), shard, where=where)
-        gapped = np.flatnonzero(offsets > before)
-        if not headers:  # an entry a gap follows: its own header's fields (see above)
-            check_headers(entries, (i + gapped - 1)[i + gapped > 0], shard, where=where)
-        gaps += zip(before[gapped].tolist(), offsets[gapped].tolist())
-        end = int(ends[-1])
+    problem, at, gapped = walk(entries, start, size)  # one compiled pass (index_walk)
+    if problem == PAST_END:
+        raise IndexMismatchError(f"{where}: entries point past the end of the shard. {hint}")
+    if problem == INTO_HEADER:
+        raise IndexMismatchError(f"{where}: an entry points into the shard header. {hint}")
+    if problem == OVERLAP:
+        raise IndexMismatchError(
+            f"{where}: entry {at} (byte {int(entries['offset'][at])}) repeats or overlaps the "
+            f"packet before it; offsets must increase packet by packet. {hint}")
+    offsets = entries["offset"].astype(np.int64, copy=False)
+    if gapped is None:  # more gaps than one pass records (a much damaged shard): NumPy's
+        ends = offsets + FRAME_BYTES + entries["length"].astype(np.int64)
+        gapped = np.flatnonzero(offsets > np.concatenate([[start], ends[:-1]]))
+    if headers:
+        for i in range(0, n, CHECK_BLOCK):
+            check_headers(entries, np.arange(i, min(i + CHECK_BLOCK, n)), shard, where=where)
+    else:  # an entry a gap follows: its own header's fields (see above)
+        check_headers(entries, gapped[gapped > 0] - 1, shard, where=where)
+    after = gapped - 1  # the entry before each gap (-1: the shard header)
+    ends_before = np.where(after >= 0, offsets[np.maximum(after, 0)] + FRAME_BYTES
+                           + entries["length"][np.maximum(after, 0)].astype(np.int64), start)
+    gaps = list(zip(ends_before.tolist(), offsets[gapped].tolist()))
+    end = int(offsets[-1]) + FRAME_BYTES + int(entries["length"][-1]) if n else start
     if size > end:
         if n and not headers:
             check_headers(entries, np.array([n - 1]), shard, where=where)

@@ -639,8 +639,9 @@ def test_an_index_that_lies_is_refused_or_rebuilt_never_trusted(indexed, case, v
                                                                  monkeypatch):
     from ndp.store.index import check_headers
 
-    if block:
+    if block:  # and gaps found by NumPy past the walk's record of one
         monkeypatch.setattr("ndp.store.index.CHECK_BLOCK", block)
+        monkeypatch.setattr("ndp.store.index_walk.GAPS", 1)
 
     path, stream = indexed
     shard = Shard(path)
@@ -659,11 +660,15 @@ def test_an_index_that_lies_is_refused_or_rebuilt_never_trusted(indexed, case, v
     assert rebuilt.entries.tobytes() == index.entries.tobytes()  # what a scan says, exactly
 
 
+@pytest.mark.parametrize("gaps", [None, 2])  # the compiled walk's gap record, or NumPy's
 @pytest.mark.parametrize("block", [None, 1, 2])  # check_structure's blocks
-def test_a_sound_index_of_a_damaged_shard_is_accepted_as_it_is(tmp_path, block, monkeypatch):
+def test_a_sound_index_of_a_damaged_shard_is_accepted_as_it_is(tmp_path, block, gaps,
+                                                               monkeypatch):
     """Gaps between entries are fine where they are the corrupt regions a scan records."""
     if block:
         monkeypatch.setattr("ndp.store.index.CHECK_BLOCK", block)
+    if gaps:
+        monkeypatch.setattr("ndp.store.index_walk.GAPS", gaps)
     packets = [s.encode() for s in ramp_specs([4, 9, 3, 6, 5])]
     garbage = bytes(range(1, 40))  # no sync byte, no packet
     stream = build_gappy_stream(packets, [b"", garbage, b"", garbage, b"", garbage], header=True)
