@@ -24,7 +24,7 @@ crc32s and packet counts), the version of every index it was counted from (each 
 size and modification time: ``Corpus.index_stamp``), the order's name and every setting that
 changes it, and is checked when read: its own key and a crc32 of its contents; a file that
 fails is counted again and written over. It also names the exact entries it was counted from
-(the crc32 of each index's checked entries, ``ndp.store.lazy.entries_digest``), and a count
+(a 64-bit hash of each index's checked entries, ``ndp.store.lazy.entries_digest``), and a count
 taken from the file is checked against them as each index passes its first-use check: one
 that differs (an index changed in place with its size and time kept) removes the file and
 raises ``CountCacheError``, before a batch of that index is delivered. The count is only ever
@@ -191,8 +191,9 @@ def wait_or_claim(shared: SharedCount, publish: Any, stop: Any) -> tuple[dict | 
 
 
 #: the shared count's own version: a change to what a count holds must change it (2: the
-#: indexes' stamps in the key and their entries' digests in the count)
-VERSION = 2
+#: indexes' stamps in the key and their entries' digests in the count; 3: the digests are
+#: ``ndp.store.index_walk.digest``'s, not a crc32)
+VERSION = 3
 
 
 def check_against(corpus: Any, shared: SharedCount | None, result: dict) -> None:

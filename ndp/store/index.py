@@ -266,8 +266,9 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
         raise IndexMismatchError(
             f"{where}: entry {at} (byte {int(entries['offset'][at])}) repeats or overlaps the "
             f"packet before it; offsets must increase packet by packet. {hint}")
-    offsets = entries["offset"].astype(np.int64, copy=False)
+    offsets = entries["offset"]
     if gapped is None:  # more gaps than one pass records (a much damaged shard): NumPy's
+        offsets = offsets.astype(np.int64)
         ends = offsets + FRAME_BYTES + entries["length"].astype(np.int64)
         gapped = np.flatnonzero(offsets > np.concatenate([[start], ends[:-1]]))
     if headers:
@@ -276,9 +277,10 @@ def check_structure(index: Index, shard: Shard, *, where: Path | str | None = No
     else:  # an entry a gap follows: its own header's fields (see above)
         check_headers(entries, gapped[gapped > 0] - 1, shard, where=where)
     after = gapped - 1  # the entry before each gap (-1: the shard header)
-    ends_before = np.where(after >= 0, offsets[np.maximum(after, 0)] + FRAME_BYTES
+    ends_before = np.where(after >= 0, offsets[np.maximum(after, 0)].astype(np.int64)
+                           + FRAME_BYTES
                            + entries["length"][np.maximum(after, 0)].astype(np.int64), start)
-    gaps = list(zip(ends_before.tolist(), offsets[gapped].tolist()))
+    gaps = list(zip(ends_before.tolist(), offsets[gapped].astype(np.int64).tolist()))
     end = int(offsets[-1]) + FRAME_BYTES + int(entries["length"][-1]) if n else start
     if size > end:
         if n and not headers:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +39,7 @@ from ndp.store.index import (
     scan_shard,
 )
 from ndp.store.shard import Shard
+from ndp.store.index_walk import digest
 from ndp.store.pieces import Pieces, pieces_of
 from ndp.wire.format import INDEX_ENTRY_DTYPE, INDEX_HEADER_BYTES, INDEX_HEADER_DTYPE
 
@@ -53,9 +53,10 @@ LEAST_CACHE_BYTES = 32 << 20
 
 
 def entries_digest(entries: np.ndarray) -> int:
-    """The crc32 of index entries' bytes: what a count made from them names them by
-    (``ndp.loader.shared_count``); ~3 GB/s, beside the first-use check's read."""
-    return zlib.crc32(np.ascontiguousarray(entries, INDEX_ENTRY_DTYPE).view(np.uint8))
+    """The digest of index entries that a count made from them names them by
+    (``ndp.loader.shared_count``): ``ndp.store.index_walk.digest``, one compiled pass beside
+    the first-use check's read."""
+    return digest(entries)
 
 
 def _configured() -> str | None:
