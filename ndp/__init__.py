@@ -38,6 +38,7 @@ from ndp.errors import (
 from ndp.wire.format import DropReason, Dst, Src, Typ, max_tokens_per_packet
 from ndp.store.index import Index, build_index, load_index, scan, scan_shard
 from ndp.loader.loader import Loader, LoaderStats
+from ndp.loader.schedule import Schedule
 from ndp.wire.packet import Packet, crc16_ccitt, decode_packet, encode_packet, encode_tokens
 from ndp.store.remote import RemoteDataset
 from ndp.store.shard import Shard
@@ -51,7 +52,7 @@ __all__ = [
     "ManifestError", "CpuDecoder", "Decoder", "Loader", "LoaderStats", "NDPDataset",
     "QubGPUDataset", "resolve_backend", "DecodeStats", "DropReason", "Dst", "Index", "IndexMismatchError",
     "NDPError", "PackedBatch", "Packet", "PacketError", "PaddedBatch", "PaddedBuffers",
-    "RecordError", "Shard", "ShardFormatError", "ShardWriter", "Src", "StreamExhausted",
+    "RecordError", "Schedule", "Shard", "ShardFormatError", "ShardWriter", "Src", "StreamExhausted",
     "TokenizerError", "Typ", "UnsupportedVersionError", "__version__", "build_index",
     "crc16_ccitt", "decode_packed", "decode_padded", "decode_packet", "encode_packet",
     "encode_tokens", "load_index", "max_tokens_per_packet", "scan", "scan_shard", "validate",

@@ -22,6 +22,28 @@ from ndp.loader import units
 from ndp.loader.plan import Plan
 
 
+#: tokens per chunk by default: a GPU amortises its per-call cost over 64 batches of 64 x 1,024
+#: (256 MB of int64 outputs per padded chunk, a ring of them on the device); on the CPU the
+#: hand-off to ndp's threads is what is amortised, and smaller chunks keep host memory small
+CHUNK_TOKENS = {"cuda": 1 << 22, "cpu": 1 << 20}
+#: batches per chunk by default at least, and at most
+CHUNK_BATCHES_MIN = {"cuda": 8, "cpu": 1}
+CHUNK_BATCHES_MAX = 64
+
+
+def batches_per_chunk(backend: str, chunk_batches: int | None) -> Any:
+    """``per_chunk(B, T)``: the batches of shape ``(B, T)`` a chunk holds: ``chunk_batches``, or
+    by default about ``CHUNK_TOKENS`` tokens' worth, within ``CHUNK_BATCHES_MIN`` and
+    ``CHUNK_BATCHES_MAX`` (a batch shape that changes with the step, ``ndp.loader.shapes``,
+    changes it too)."""
+    least, tokens = CHUNK_BATCHES_MIN[backend], CHUNK_TOKENS[backend]
+
+    def per_chunk(b: int, t: int) -> int:
+        return chunk_batches or max(least, min(CHUNK_BATCHES_MAX, tokens // (b * t)))
+
+    return per_chunk
+
+
 @dataclass
 class Chunk:
     """A decoded chunk: the slot that holds its outputs and the layout of its batches."""
@@ -31,32 +53,37 @@ class Chunk:
 
 
 class ChunkDecoder:
-    """Decodes chunks of ``chunk_batches`` batches with ``engine``, staging with ``stager``;
-    a packet with no tokens or with an id at or past ``vocab`` is dropped (``EMPTY``,
-    ``TOKEN_RANGE``)."""
+    """Decodes chunks of ``per_chunk(B, T)`` batches of shape ``(B, T)`` with ``engine``,
+    staging with ``stager``; a packet with no tokens or with an id at or past ``vocab`` is
+    dropped (``EMPTY``, ``TOKEN_RANGE``)."""
 
     def __init__(self, engine: CpuEngine, stager: Any, plan: Plan, *, pad_token_id: int,
-                 chunk_batches: int, vocab: int) -> None:
+                 per_chunk: Any, vocab: int) -> None:
         self.engine, self.stager, self.plan = engine, stager, plan
         self.pad_token_id, self.vocab = pad_token_id, vocab
-        self.chunk_batches = chunk_batches
+        self.per_chunk = per_chunk
+        #: batches per chunk of the run's first shape
+        self.chunk_batches = per_chunk(*plan.shapes.at(0))
 
     def decode(self, slot: Slot, share: np.ndarray, pos: int, tok: int, counted_upto: int,
-               batches: int | None = None, own_end: int | None = None) -> Chunk:
-        """The next chunk from share position ``pos`` (and stream token ``tok``, packed mode):
-        at most ``batches`` (default ``chunk_batches``) batches, at least one unless the share
+               batches: int | None = None, own_end: int | None = None,
+               shape: tuple[int, int] | None = None) -> Chunk:
+        """The next chunk from share position ``pos`` (and stream token ``tok``, packed mode),
+        its batches of ``shape`` (B, T; default: the run's first):
+        at most ``batches`` (default ``per_chunk(B, T)``) batches, at least one unless the share
         ends in it (then ``layout.end`` or an exhausted share says so). ``counted_upto``: the
         first share position no earlier batch counted. ``own_end`` (packed mode, for the
         epoch's last batches): where the share's own packets end; a chunk that needs no packet
         past it reads up to it, and if it makes all ``batches`` its layout ends the epoch
         (counting the packets left over)."""
         plan, engine = self.plan, self.engine
+        shape = shape or plan.shapes.at(0)
         n = share.shape[0]
-        most = reach = batches or self.chunk_batches  # batches it makes, and plans to reach
+        most = reach = batches or self.per_chunk(*shape)  # batches it makes, and plans to reach
         engine.acquire(slot)
         documents = units.active(plan.corpus, plan.mode)  # places hold whole documents
         while True:
-            q = plan.chunk_end(share, pos, tok, reach)
+            q = plan.chunk_end(share, pos, tok, reach, shape)
             final = own_end is not None and q <= own_end
             if final:
                 q = own_end
@@ -83,19 +110,19 @@ class ChunkDecoder:
                 continue
             engine.submit_verdicts(staged, slot, self.vocab)
             if self.stager.prefetches:  # the next chunk's first shards, while this decodes
-                self.stager.prefetch(share[q: plan.chunk_end(share, q, 0, 1)])
+                self.stager.prefetch(share[q: plan.chunk_end(share, q, 0, 1, shape)])
             verdicts = engine.read_verdicts(slot, staged.n)
             if not self.stager.checks_headers:  # an index matched by size alone: refuse a
                 # lie, from the bytes staged on the host (a GPU's stage checks as it copies);
                 # every entry passed its index's first-use check (``LazyIndex.read_at``)
                 plan.corpus.check_headers(packets, staged.data, staged.offsets, entries)
             layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final,
-                                  ex)
+                                  shape, ex)
             if layout.batches or layout.end is not None or q >= n:
                 break
             reach *= 2  # dropped packets held too few tokens: take more of them (as many
             # batches still: the epoch's last chunk must not make more than it was asked)
-        self._build(layout, staged, slot)
+        self._build(layout, staged, slot, shape)
         self.stager.after(staged, engine)
         engine.finish(slot)
         engine.counters.chunks += 1
@@ -104,9 +131,9 @@ class ChunkDecoder:
 
     def _layout(self, verdicts: np.ndarray, share: np.ndarray, pos: int, tok: int,
                 counted_upto: int, batches: int, share_ends: bool, final: bool,
-                ex: units.Expanded | None = None) -> Layout:
+                shape: tuple[int, int], ex: units.Expanded | None = None) -> Layout:
         plan = self.plan
-        B, T = plan.batch_size, plan.seq_len
+        B, T = shape
         if plan.mode == "padded":
             return padded_layout(verdicts, batch_size=B, max_len=T, pos=pos)
         if plan.mode == "packed":
@@ -117,17 +144,19 @@ class ChunkDecoder:
                 max_batches=batches, share_ends=share_ends, final=final,
                 units=None if ex is None else ex.first_of)
             return layout if ex is None else units.to_places(layout, ex, verdicts, pos)
-        return packing_layout(verdicts, lambda at: plan.candidates(share, pos + at) - pos,
+        return packing_layout(verdicts,
+                              lambda at: plan.candidates(share, pos + at, shape) - pos,
                               batch_size=B, row_len=T, pos=pos, max_batches=batches,
                               share_ends=share_ends)
 
-    def _build(self, layout: Layout, staged: Staged, slot: Slot) -> None:
+    def _build(self, layout: Layout, staged: Staged, slot: Slot, shape: tuple[int, int]) -> None:
         engine, mode = self.engine, self.plan.mode
-        T = self.plan.seq_len
+        B, T = shape
         build = layout.build
         # outputs are allocated for a full chunk at once, so the small first chunks after a
         # start do not make the slots grow (and be wrapped for the consumer) again and again
-        full = self.chunk_batches * self.plan.batch_size
+        per_chunk = self.per_chunk(B, T)
+        full = per_chunk * B
         if mode == "padded":
             rows = build["row_packet"]
             outs = engine.outputs(slot, mode, max(rows.shape[0], full), T)
@@ -138,7 +167,7 @@ class ChunkDecoder:
                                 build["windows"], outs)
         else:
             # cu_seqlens: at most one segment per token and one of padding per row, plus 0
-            most = self.chunk_batches * (self.plan.batch_size * (T + 1) + 1)
+            most = per_chunk * (B * (T + 1) + 1)
             outs = engine.outputs(slot, mode, max(build["rows"], full), T,
                                   max(build["cu_seqlens"].shape[0], most))
             engine.build_packing(staged, slot, build, self.pad_token_id, outs)

@@ -26,6 +26,7 @@ import numpy as np
 
 from ndp.loader.epoch import Stopped, window_tokens
 from ndp.loader.packing import count_batches_by_rank
+from ndp.loader.shapes import Shapes
 from ndp.loader.truncation import Cut
 
 #: packets a pass handles at once (a few arrays of 8 bytes a packet: ~10 MB)
@@ -147,18 +148,22 @@ class Count:
 
 
 def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode: str,
-               batch_size: int, seq_len: int, count: Count, stop: Any = None,
+               shapes: Shapes, count: Count, stop: Any = None,
                publish: Callable[[int], None] | None = None, block: int = BLOCK
                ) -> tuple[int | None, list[Cut] | None]:
     """Count ``windows``' epoch for ``RankOrder`` shares of ``length`` places a rank
     (``ndp.loader.share``): ``packed``, every rank's token sum; ``packing``, every rank's
-    greedy batch count; ``padded``, every rank's ``Cut``. Publishes bounds to ``count`` (and
+    greedy batch count; ``padded``, every rank's ``Cut`` (``shapes``: the epoch's batch shapes,
+    ``ndp.loader.shapes``). Publishes bounds to ``count`` (and
     ``publish``; its ``peak`` too) as it goes; returns (the batch count, or None in padded
     mode; the cut of each rank, or None), for the caller to ``finish`` it with."""
     W, limit = world_size, length * world_size  # places from ``limit`` on are cut from all
     sums = np.zeros(W, np.int64)
     carry = np.zeros((3, W), np.int64)
     cuts = np.zeros((4, W), np.int64)  # per rank: tokens, truncated, longer, longest
+    # padded: the T of each share position's row (one T: no array)
+    seq_len = shapes.lens[0] if shapes.constant else None
+    lens = shapes.row_lens(length) if mode == "padded" and seq_len is None else None
 
     def bound(value: int) -> None:
         count.publish(value)
@@ -172,7 +177,7 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
         lengths[off:] = toks
         take = np.zeros(off + b - a, bool)
         take[off:] = np.arange(at + a, at + b) < limit
-        count_batches_by_rank(lengths, take, W, batch_size, seq_len, carry)
+        count_batches_by_rank(lengths, take, W, shapes, carry)
         bound(int(carry[2].min()))
 
     at = 0  # the epoch place of the window's first packet
@@ -203,16 +208,17 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
             ranks, toks = places[within] % W, toks[within].astype(np.int64)
             if mode == "packed":
                 sums += np.bincount(ranks, weights=toks, minlength=W).astype(np.int64)
-                bound(max(0, (int(sums.min()) - 1) // (batch_size * seq_len)))
-            else:
-                over = np.maximum(toks - seq_len, 0)
+                bound(shapes.packed_batches(int(sums.min())))
+            else:  # a row's T: its batch's (a place's position in its share is place // W)
+                row_len = seq_len if seq_len is not None else lens[places[within] // W]
+                over = np.maximum(toks - row_len, 0)
                 cuts[0] += np.bincount(ranks, weights=toks, minlength=W).astype(np.int64)
                 cuts[1] += np.bincount(ranks, weights=over, minlength=W).astype(np.int64)
                 cuts[2] += np.bincount(ranks[over > 0], minlength=W)
                 np.maximum.at(cuts[3], ranks, toks)
         at += size
     if mode == "packed":
-        return max(0, (int(sums.min()) - 1) // (batch_size * seq_len)), None
+        return shapes.packed_batches(int(sums.min())), None
     if mode == "packing":
         return int(carry[2].min()), None
     return None, [Cut(*(int(v) for v in cuts[:, r])) for r in range(W)]

@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ndp.errors import LoaderStateError
+from ndp.errors import ConfigError, LoaderStateError
 from ndp.loader.plan import Plan
-from ndp.loader.state import check_state, seal
+from ndp.loader.shapes import from_setting
+from ndp.loader.state import check_state, seal, state_start
 
 #: settings an earlier run's states may differ in; every other one must match
 MAY_DIFFER = ("rank", "world_size", "batch_size", "seq_len")
@@ -41,6 +42,7 @@ class Remainder:
     packets: np.ndarray  #: the remaining packets, all new ranks together, in order
     partial: np.ndarray  #: positions in ``packets`` of those an old rank was inside of
     record: dict  #: what a state saved during the rest carries to recompute it
+    step: int = 0  #: the run step the rest begins at (the old run's next batch)
 
 
 def from_states(states: list[dict], mine: dict, plan: Plan) -> Remainder:
@@ -90,7 +92,8 @@ def from_states(states: list[dict], mine: dict, plan: Plan) -> Remainder:
     return remainder(base, epoch=epochs.pop(), world_size=world,
                      batch_size=old["batch_size"], seq_len=old["seq_len"],
                      positions=[(p["pos"], p["tok"]) for p in positions],
-                     previous=first.get("elastic"))
+                     previous=first.get("elastic"), start=state_start(first),
+                     step=state_start(first) + steps.pop())
 
 
 def in_rank_order(states: list[dict], world: int) -> list[dict]:
@@ -129,26 +132,28 @@ def _ranks(ranks: list[int]) -> str:
 def _base(plan: Plan, record: Any) -> Plan:
     """``plan`` with the remainder an earlier run was in (``record``), or with none."""
     base = plan.variant(rank=plan.rank, world_size=plan.world_size,
-                        batch_size=plan.batch_size, seq_len=plan.seq_len)
+                        batch_size=plan.batch_setting, seq_len=plan.len_setting)
     base.set_elastic(None if record is None else from_record(record, plan))
     return base
 
 
-def remainder(plan: Plan, *, epoch: int, world_size: int, batch_size: int, seq_len: int,
-              positions: list[tuple[int, int]], previous: Any = None) -> Remainder:
+def remainder(plan: Plan, *, epoch: int, world_size: int, batch_size: Any, seq_len: Any,
+              positions: list[tuple[int, int]], previous: Any = None, start: int = 0,
+              step: int = 0) -> Remainder:
     """What old ranks ``0..world_size-1`` at ``positions`` (share position, token) had left of
     ``epoch`` (cut by ``plan``, which carries the remainder they were in, ``previous``),
-    merged round robin."""
+    merged round robin. ``batch_size``, ``seq_len``: as the old states record them (an int
+    or a schedule's record); ``start``: the run step the old run's epoch began at, ``step``:
+    the one it stopped at."""
     tails, partial_at = [], []
     for rank, (pos, tok) in enumerate(positions):
-        sh = plan.variant(rank=rank, world_size=world_size, batch_size=batch_size,
-                          seq_len=seq_len).share(epoch)
+        sh = _old(plan, rank, world_size, batch_size, seq_len, start, epoch).share(epoch)
         tails.append(sh.packets[min(pos, sh.length): sh.length])
         partial_at.append(bool(tok) and pos < sh.length)
     lengths = np.array([t.shape[0] for t in tails], np.int64)
-    step = np.concatenate([np.arange(n) for n in lengths]) if lengths.sum() else np.zeros(0, int)
+    turn = np.concatenate([np.arange(n) for n in lengths]) if lengths.sum() else np.zeros(0, int)
     owner = np.repeat(np.arange(len(tails)), lengths)
-    order = np.lexsort((owner, step))  # by step, then by old rank
+    order = np.lexsort((owner, turn))  # by turn, then by old rank
     packets = np.concatenate(tails)[order] if tails else np.zeros(0, np.int64)
     first_of = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     where = np.empty(packets.shape[0], np.int64)
@@ -157,7 +162,18 @@ def remainder(plan: Plan, *, epoch: int, world_size: int, batch_size: int, seq_l
     record = {"epoch": epoch, "world_size": world_size, "batch_size": batch_size,
               "seq_len": seq_len, "positions": [[int(p), int(t)] for p, t in positions],
               "previous": previous}
-    return Remainder(epoch, packets.astype(np.int64), partial, record)
+    if (start, step) != (0, 0):  # since states record the run's step (version 5)
+        record.update(start=int(start), step=int(step))
+    return Remainder(epoch, packets.astype(np.int64), partial, record, step)
+
+
+def _old(plan: Plan, rank: int, world_size: int, batch_size: Any, seq_len: Any, start: int,
+         epoch: int) -> Plan:
+    """``plan`` as an old run's rank ``rank`` cut its epoch ``epoch``, begun at run step
+    ``start``, in batches of ``batch_size`` and ``seq_len`` as its states record them."""
+    return plan.variant(rank=rank, world_size=world_size, batch_size=from_setting(batch_size),
+                        seq_len=from_setting(seq_len), start=start, epoch=epoch)
+
 
 
 def from_record(record: Any, plan: Plan) -> Remainder:
@@ -166,21 +182,33 @@ def from_record(record: Any, plan: Plan) -> Remainder:
         previous = record.get("previous")
         return remainder(_base(plan, previous), epoch=int(record["epoch"]),
                          world_size=int(record["world_size"]),
-                         batch_size=int(record["batch_size"]), seq_len=int(record["seq_len"]),
+                         batch_size=_shape_field(record["batch_size"]),
+                         seq_len=_shape_field(record["seq_len"]),
                          positions=[(int(p), int(t)) for p, t in record["positions"]],
-                         previous=previous)
+                         previous=previous, start=int(record.get("start", 0)),
+                         step=int(record.get("step", 0)))
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise LoaderStateError(f"loader state field 'elastic' is damaged ({err!r})") from None
+
+
+def _shape_field(value: Any) -> Any:
+    """A recorded ``batch_size`` or ``seq_len``: an int, or a schedule's record (a dict)."""
+    return value if isinstance(value, dict) else int(value)
 
 
 def _check_one(state: dict, mine: dict, plan: Plan) -> dict:
     """One old rank's state checked as that rank's own loader would check it."""
     for key in MAY_DIFFER:
         value = state.get(key)
+        if key in ("batch_size", "seq_len") and isinstance(value, dict):
+            continue  # a schedule's record: read (and checked) by Schedule.from_record
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise LoaderStateError(f"loader state field {key!r} is {value!r}")
-    old = plan.variant(rank=state["rank"], world_size=state["world_size"],
-                       batch_size=state["batch_size"], seq_len=state["seq_len"])
+    try:
+        old = _old(plan, state["rank"], state["world_size"], state["batch_size"],
+                   state["seq_len"], state_start(state), state.get("epoch"))
+    except ConfigError as err:
+        raise LoaderStateError(f"loader state's batch shape is damaged: {err}") from None
     as_old = {**mine, **{key: state[key] for key in MAY_DIFFER}}
     return check_state(state, as_old, old)
 
@@ -192,15 +220,15 @@ def _derive(state: dict, world: int, mine: dict, plan: Plan) -> list[dict]:
         raise LoaderStateError("a padded or packing state has no token offset")
     out = []
     for rank in range(world):
-        old = plan.variant(rank=rank, world_size=world, batch_size=state["batch_size"],
-                           seq_len=state["seq_len"])
+        old = _old(plan, rank, world, state["batch_size"], state["seq_len"],
+                   state_start(state), at["epoch"])
         share = old.share(at["epoch"])
+        shapes = old.shapes_of(at["epoch"])
         pos = 0
-        for _ in range(at["batch"]):
-            if plan.mode == "padded":
-                pos = min(pos + old.batch_size, share.length)
-            else:
-                pos = min(old.candidates(share.packets, pos), share.length)
+        if plan.mode == "padded":
+            pos = min(shapes.rows_before(at["batch"]), share.length)
+        for k in range(at["batch"] if plan.mode != "padded" else 0):
+            pos = min(old.candidates(share.packets, pos, shapes.at(k)), share.length)
         out.append(seal({**{k: v for k, v in state.items() if k != "check"}, "rank": rank,
                          "pos": pos, "tok": 0}))
     return out

@@ -30,6 +30,7 @@ import numpy as np
 from ndp.loader import units
 from ndp.loader.order import Window, check_drop_rate, drop_ranges, epoch_windows
 from ndp.loader.packing import count_batches_by_rank
+from ndp.loader.shapes import Shapes
 from ndp.loader.truncation import Cut, cut_of
 
 
@@ -53,14 +54,15 @@ class EpochPlan:
 
 def plan_epoch(corpus: Any, *, epoch: int, seed: int, shuffle: bool, shard_bytes: np.ndarray,
                window_bytes: int | None, rate: float, rank: int, world_size: int, mode: str,
-               batch_size: int, seq_len: int, stop: Any = None) -> EpochPlan:
+               shapes: Shapes, stop: Any = None) -> EpochPlan:
     """This rank's plan of ``epoch`` (see the module docstring): the same packets and counts
-    as building the whole order and every rank's share would give. ``stop``: a callable,
+    as building the whole order and every rank's share would give; ``shapes``: the epoch's
+    batch shapes from its first batch (``ndp.loader.shapes``). ``stop``: a callable,
     asked before each window, that abandons the pass (``Stopped``) when it returns true."""
     check_drop_rate(rate)
     walk = _Walk(corpus, epoch=epoch, seed=seed, shuffle=shuffle, shard_bytes=shard_bytes,
                  window_bytes=window_bytes, rate=rate, rank=rank, world_size=world_size,
-                 mode=mode, batch_size=batch_size, seq_len=seq_len, stop=stop)
+                 mode=mode, shapes=shapes, stop=stop)
     n, W = int(corpus.n_packets), world_size
     own = np.empty(max(0, (n - rank + W - 1) // W), np.int64)  # this rank's positions
     # padded: their token counts too, for the cut at seq_len (``ndp.loader.truncation``)
@@ -74,12 +76,12 @@ def plan_epoch(corpus: Any, *, epoch: int, seed: int, shuffle: bool, shard_bytes
     if mode == "padded":
         if not own_done:
             walk.run(own=own, own_tokens=own_tokens)
-        batches = -(-length // batch_size)
-        cut = cut_of(own_tokens[:length], seq_len)
+        batches = shapes.padded_batches(length)
+        cut = cut_of(own_tokens[:length], shapes.row_lens(length))
     else:
         totals = walk.run(own=None if own_done else own, length=length)
         if mode == "packed":
-            batches = int(np.maximum(0, (totals.sums - 1) // (batch_size * seq_len)).min())
+            batches = shapes.packed_batches(int(totals.sums.min()))
         else:
             batches = int(totals.carry[2].min())
         cut = None
@@ -103,13 +105,12 @@ class _Walk:
 
     def __init__(self, corpus: Any, *, epoch: int, seed: int, shuffle: bool,
                  shard_bytes: np.ndarray, window_bytes: int | None, rate: float, rank: int,
-                 world_size: int, mode: str, batch_size: int, seq_len: int,
-                 stop: Any = None) -> None:
+                 world_size: int, mode: str, shapes: Shapes, stop: Any = None) -> None:
         self.corpus, self.epoch, self.seed, self.rate = corpus, epoch, seed, rate
         self.order = {"seed": seed, "epoch": epoch, "shuffle": shuffle,
                       "shard_bytes": shard_bytes, "window_bytes": window_bytes}
         self.rank, self.world, self.mode = rank, world_size, mode
-        self.batch_size, self.seq_len = batch_size, seq_len
+        self.shapes = shapes
         self.peak = 0
         self.stop = stop
 
@@ -185,8 +186,7 @@ class _Walk:
         if self.mode == "packed":
             tot.sums += np.where(take, table, 0).sum(axis=0)
         else:
-            count_batches_by_rank(table.ravel(), take.ravel(), W, self.batch_size,
-                                  self.seq_len, tot.carry)
+            count_batches_by_rank(table.ravel(), take.ravel(), W, self.shapes, tot.carry)
 
 
 def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None, *,

@@ -69,27 +69,21 @@ Indexes are matched to their shards by size (``verify="size"``), not by reading 
 compare its crc32 (``verify="full"``): time to the first batch does not grow with the data set,
 and every packet's CRC is still checked as it is decoded.
 
-The state (``state_dict``) is the epoch and a (packet, token) position in this rank's order,
-plus the settings it is only valid for; ``load_state_dict`` refuses a state made with others.
+The state (``state_dict``) is the epoch, a (packet, token) position in this rank's order and the
+run's step, plus the settings it is only valid for (``ndp.loader.resume``). ``batch_size`` and
+``seq_len`` may change with the step (``ndp.Schedule``, ``ndp.loader.shapes``).
 
-The pipeline: **plan** (``ndp.loader.plan``: this rank's share of the epoch, cut into chunks of
-``chunk_batches`` batches), **stage** (``ndp.loader.stage`` on the CPU, ``ndp.loader.device_shards``
-on a GPU: whole shards copied to the device in bulk), **decode** (``ndp.loader.chunks``: one verdict
-kernel, one small copy back and one host wait, one build kernel per chunk, laid out by
-``ndp.loader.layout``) and **serve** (``ndp.loader.serve``: batches are views into the chunk's
-outputs, wrapped once). The batches do not depend on the chunk size: any ``chunk_batches`` gives the
-same ones, which is what the CPU and CUDA backends give too, bit for bit.
+The pipeline: **plan** (``ndp.loader.plan``), **stage** (``ndp.loader.stage``, on a GPU
+``ndp.loader.device_shards``: whole shards copied in bulk), **decode** (``ndp.loader.chunks``: one
+verdict kernel, one small copy back and one host wait, one build kernel per chunk of batches) and
+**serve** (``ndp.loader.serve``: batches are views into the chunk's outputs). Any
+``chunk_batches`` gives the same batches, as the CPU and CUDA backends do, bit for bit.
 
-Prefetch: a producer thread decodes up to ``prefetch`` chunks ahead into a bounded queue. An
-exception in it is raised by the consumer's ``next()`` (with the producer's traceback chained);
-``close()``, leaving the ``with`` block, breaking out of the loop or dropping the last reference
-stops the thread. Batches are views of a ring of ``max(1, prefetch) + 3`` chunks' buffers, with
-no copy: a batch's buffers come round for reuse when the consumer takes a batch of the second
-chunk after its own (at the earliest the second batch after it). A batch still referenced then
-(``list(loader)``, a loss kept with its graph) keeps its buffers: ndp allocates new ones and
-warns once (``ndp.loader.serve``), so a held batch never shows another batch's tokens; ``.clone()``
-what you keep to keep that memory bounded. On a GPU the reuse is ordered after the work the
-consumer queued on its current stream (``ndp.loader.serve``).
+Prefetch: a producer thread decodes up to ``prefetch`` chunks ahead; its exception is raised by
+``next()``; ``close()``, the ``with`` block's end, leaving the loop or dropping the Loader stops
+it. Batches are views of a ring of ``max(1, prefetch) + 3`` chunks' buffers, reused from the
+second chunk after a batch's own on; a batch still referenced then keeps its buffers (new ones
+are allocated, warned once: ``ndp.loader.serve``), so a held batch never shows another's tokens.
 What the decoder did is counted in ``loader.counters`` (``ndp.engine.counters``).
 """
 
@@ -102,10 +96,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ndp.engine.backend import resolve_backend
-from ndp.loader.chunks import ChunkDecoder
+from ndp.loader.chunks import ChunkDecoder, batches_per_chunk
 from ndp.loader.running import LIVE, ProducerThread, refuse_if_forked
 from ndp.store.corpus import Corpus
-from ndp.loader.elastic import from_record, from_states
 from ndp.engine.cpu import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
 from ndp.errors import LoaderUsageError, past_aliases
@@ -116,20 +109,17 @@ from ndp.loader.order import ORDER, WINDOW_BYTES, check_window, rank_and_world
 from ndp.loader.plan import Plan
 from ndp.loader.producer import EPOCH_END, Producer
 from ndp.progress import progress_bar
+from ndp.loader.schedule import Schedule
 from ndp.loader.serve import Ring
-from ndp.loader.state import check_state, seal
+from ndp.loader.shapes import from_setting, setting, shape_schedule
+from ndp.loader.resume import resume
+from ndp.loader.state import seal
 from ndp.loader.stats import LoaderStats
 from ndp.loader.truncation import CutReport
 
-#: 2: with the dataset's fingerprint; 3: with the batch number in the epoch; 4: with the order
-STATE_VERSION = 4
-#: tokens per chunk by default: a GPU amortises its per-call cost over 64 batches of 64 x 1,024
-#: (256 MB of int64 outputs per padded chunk, a ring of them on the device); on the CPU the
-#: hand-off to ndp's threads is what is amortised, and smaller chunks keep host memory small
-CHUNK_TOKENS = {"cuda": 1 << 22, "cpu": 1 << 20}
-#: batches per chunk by default at least, and at most
-CHUNK_BATCHES_MIN = {"cuda": 8, "cpu": 1}
-CHUNK_BATCHES_MAX = 64
+#: 2: with the dataset's fingerprint; 3: with the batch number in the epoch; 4: with the order;
+#: 5: with the run's step (``Loader.step``), and batch shapes that may be schedules
+STATE_VERSION = 5
 
 
 class Loader:
@@ -139,8 +129,8 @@ class Loader:
         self,
         data: str | os.PathLike | Sequence[str | os.PathLike] | Corpus,
         *,
-        batch_size: int,
-        seq_len: int,
+        batch_size: int | Schedule,
+        seq_len: int | Schedule,
         mode: str = "padded",
         pad_token_id: int = 0,
         shuffle: bool = True,
@@ -173,9 +163,11 @@ class Loader:
                       shuffle=shuffle, resident=resident, progress=progress, verify=verify,
                       manifest=manifest, device=device, device_budget=device_budget,
                       cache_limit=cache_limit, mix=mix)
-        # Python's own types from here on (a NumPy int or bool passes the checks)
-        batch_size, seq_len, prefetch, seed, pad_token_id = map(
-            int, (batch_size, seq_len, prefetch, seed, pad_token_id))
+        # Python's own types from here on (a NumPy int or bool passes the checks); a batch
+        # shape of one phase is its int (``ndp.loader.shapes``), as states record it
+        batch_size, seq_len = (setting(shape_schedule(name, value)) for name, value in
+                               (("batch_size", batch_size), ("seq_len", seq_len)))
+        prefetch, seed, pad_token_id = map(int, (prefetch, seed, pad_token_id))
         crc_drop_rate, shuffle = float(crc_drop_rate), bool(shuffle)
         chunk_batches = None if chunk_batches is None else int(chunk_batches)
         self.backend = resolve_backend(backend)
@@ -186,7 +178,9 @@ class Loader:
         #: token ids must be below this: ``vocab_size``, else the dataset's manifest's, else
         #: 2**31 (an id must fit int32); a packet with one past it is dropped (TOKEN_RANGE)
         self.vocab_size = vocab_size or self.corpus.vocab_size or NO_VOCAB
-        self.mode, self.batch_size, self.seq_len = mode, batch_size, seq_len
+        self.mode = mode
+        #: ``batch_size`` and ``seq_len`` as given: an int, or a schedule's record (``setting``)
+        self._shape_settings = {"batch_size": batch_size, "seq_len": seq_len}
         self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
         self.rank, self.world_size = rank_and_world(rank, world_size)
         check_world(self.corpus.n_packets, self.world_size, self._where())
@@ -194,10 +188,8 @@ class Loader:
             units.warn_unmarked(self.corpus, self._where(), stacklevel=past_aliases(3))
         self.crc_drop_rate, self.prefetch, self.output = crc_drop_rate, prefetch, output
         self.progress = progress
-        self.chunk_batches = chunk_batches or max(
-            CHUNK_BATCHES_MIN[self.backend],
-            min(CHUNK_BATCHES_MAX, CHUNK_TOKENS[self.backend] // (batch_size * seq_len)))
-        self.plan = Plan(self.corpus, mode=mode, batch_size=batch_size, seq_len=seq_len,
+        self.plan = Plan(self.corpus, mode=mode, batch_size=from_setting(batch_size),
+                         seq_len=from_setting(seq_len),
                          shuffle=shuffle, seed=seed, rank=self.rank, world_size=self.world_size,
                          crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by,
                          mix_size=mix_size, shuffle_window=shuffle_window)
@@ -222,9 +214,12 @@ class Loader:
         self.counters = self.engine.counters
         # slots: the queue's max(1, prefetch) chunks, the producer's one, the consumer's two
         self._ring = Ring(self.engine, max(1, prefetch) + 3, output=output)
-        self._producer = Producer(self.plan, ChunkDecoder(
-            self.engine, stager, self.plan, pad_token_id=pad_token_id,
-            chunk_batches=self.chunk_batches, vocab=self.vocab_size), self._ring)
+        decoder = ChunkDecoder(self.engine, stager, self.plan, pad_token_id=pad_token_id,
+                               per_chunk=batches_per_chunk(self.backend, chunk_batches),
+                               vocab=self.vocab_size)
+        #: batches per chunk (of the first batch shape, with a schedule)
+        self.chunk_batches = decoder.chunk_batches
+        self._producer = Producer(self.plan, decoder, self._ring)
         self._state = {"epoch": 0, "pos": 0, "tok": 0, "batch": 0}
         self.stats = LoaderStats(
             corrupt_regions=len(self.corpus.corruption),
@@ -244,7 +239,7 @@ class Loader:
         the consumer would have received next. Small and JSON-serialisable."""
         return seal({"version": STATE_VERSION, "mode": self.mode, "seed": self.seed,
                 "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
-                "batch_size": self.batch_size, "seq_len": self.seq_len,
+                **self._shape_settings, "step": self.step,
                 "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
                 "mix": self.plan.mix_spec, "mix_size": self.plan.mix_size, "order": ORDER,
                 "shuffle_window": self.plan.shuffle_window,
@@ -268,26 +263,39 @@ class Loader:
         ``world_size`` (or ``batch_size``, ``seq_len``), as a list, continue its epoch on this
         run's ranks, each remaining packet once; in padded and packing mode one of them is
         enough, with ``elastic=True``."""
-        mine = self.state_dict()
-        if isinstance(state, (list, tuple)) or (elastic and isinstance(state, dict)):
-            rest = from_states(list(state) if not isinstance(state, dict) else [state], mine,
-                               self.plan)
-            checked = {"epoch": rest.epoch, "pos": 0, "tok": 0, "batch": 0}
-        else:
-            record = state.get("elastic") if isinstance(state, dict) else None
-            rest = None if record is None else from_record(record, self.plan)
-            trial = self.plan.variant(rank=self.rank, world_size=self.world_size,
-                                      batch_size=self.batch_size, seq_len=self.seq_len)
-            trial.set_elastic(rest)  # checked against the epoch it resumes in
-            checked = check_state(state, mine, trial)
+        checked, start, rest = resume(self.plan, state, self.state_dict(), elastic=elastic)
         self._active = None
         self._stop_producer()
+        self.plan.set_start(checked["epoch"], start)
         self.plan.set_elastic(rest)
         self._state = checked
 
     @property
     def epoch(self) -> int:
         return self._state["epoch"]
+
+    @property
+    def step(self) -> int:
+        """The run step of the next batch: the batches delivered before it since the start of
+        training, across epochs (resumes included), the same on every rank. Schedules
+        (``ndp.Schedule``) are keyed by it."""
+        return self.plan.start_step(self.epoch) + self._state["batch"]
+
+    @property
+    def batch_size(self) -> int:
+        """The next batch's ``batch_size`` (``batch_size=`` if it is an int; a schedule's
+        value at ``step``)."""
+        return self._shape()[0]
+
+    @property
+    def seq_len(self) -> int:
+        """The next batch's ``seq_len`` (``seq_len=`` if it is an int; a schedule's value at
+        ``step``)."""
+        return self._shape()[1]
+
+    def _shape(self) -> tuple[int, int]:
+        shapes = self.plan.shapes
+        return shapes.at(0) if shapes.constant else shapes.at(self.step)
 
     def __len__(self) -> int:
         """Batches this rank delivers in the whole current epoch (the one the next loop
@@ -348,10 +356,11 @@ class Loader:
                         self.stats.add(counted)
                         finished = True
                         if self.plan.epoch_batches(ended) == 0:
+                            b, t = self.plan.shapes_of(ended).at(0)
                             raise no_batch(
                                 where=self._where(), epoch=ended, rank=self.rank,
                                 world_size=self.world_size, mode=self.mode,
-                                batch_size=self.batch_size, seq_len=self.seq_len,
+                                batch_size=b, seq_len=t,
                                 n_packets=self.corpus.n_packets,
                                 share=self.plan.share(ended).length)
                         return

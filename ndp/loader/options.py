@@ -14,11 +14,12 @@ from ndp.checks import INT32_END, choice, flag, integer
 from ndp.engine.cpu import OUTPUTS, grow
 from ndp.errors import CacheFullError, ConfigError, DataError
 from ndp.loader.order import check_drop_rate, shards_at_once
+from ndp.loader.shapes import Shapes
 
 MODES = ("padded", "packed", "packing")
 
 
-def check_options(*, mode: str, batch_size: int, seq_len: int, prefetch: int, seed: int,
+def check_options(*, mode: str, batch_size: Any, seq_len: Any, prefetch: int, seed: int,
                   pad_token_id: int, chunk_batches: int | None, vocab_size: int | None,
                   output: str, crc_drop_rate: float = 0.0, shuffle: bool = True,
                   resident: bool = False, progress: bool = False, verify: str = "size",
@@ -30,8 +31,7 @@ def check_options(*, mode: str, batch_size: int, seq_len: int, prefetch: int, se
     bool for a number, a name not among the allowed ones); torch imported now if the batches
     are to be torch tensors, so a missing torch is said at once."""
     choice("mode", mode, MODES)
-    batch_size = integer("batch_size", batch_size, least=1)
-    seq_len = integer("seq_len", seq_len, least=1)
+    shapes = Shapes.of(batch_size, seq_len)  # ints, or schedules of them (by phase)
     prefetch = integer("prefetch", prefetch, least=0)
     integer("seed", seed, least=0)
     integer("pad_token_id", pad_token_id, least=-INT32_END, most=INT32_END - 1)
@@ -48,8 +48,9 @@ def check_options(*, mode: str, batch_size: int, seq_len: int, prefetch: int, se
     if mix is not None and not isinstance(mix, Mapping):
         raise ConfigError(f"mix must be a dict of {{source: weight}} or None, got "
                           f"{type(mix).__name__}")
-    check_batch_memory(mode=mode, batch_size=batch_size, seq_len=seq_len, prefetch=prefetch,
-                       chunk_batches=chunk_batches)
+    for b, t in zip(shapes.sizes, shapes.lens):
+        check_batch_memory(mode=mode, batch_size=b, seq_len=t, prefetch=prefetch,
+                           chunk_batches=chunk_batches)
     choice("output", output, ("torch", "arrays"))
     if output == "torch":
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ndp.kernels._jit import cpu_kernel
+from ndp.loader.shapes import Shapes
 
 
 @cpu_kernel
@@ -43,11 +44,23 @@ def _plan(lengths, rows, row_len, where_row, where_col):  # pragma: no cover - c
 
 
 @cpu_kernel
-def _count_batches(lengths, rows, row_len):  # pragma: no cover - compiled
+def _phase(starts, batch):  # pragma: no cover - compiled
+    """The phase of batch ``batch`` (``ndp.loader.shapes``: few phases, searched in order)."""
+    p = 0
+    while p + 1 < starts.shape[0] and starts[p + 1] <= batch:
+        p += 1
+    return p
+
+
+@cpu_kernel
+def _count_batches(lengths, starts, sizes, lens):  # pragma: no cover - compiled
     n = lengths.shape[0]
     at = 0
     count = 0
     while at < n:
+        p = _phase(starts, count)
+        rows = sizes[p]
+        row_len = lens[p]
         r = 0
         c = 0
         i = at
@@ -66,23 +79,27 @@ def _count_batches(lengths, rows, row_len):  # pragma: no cover - compiled
 
 
 @cpu_kernel
-def _count_batches_by_rank(lengths, take, ranks, rows, row_len, carry):  # pragma: no cover
+def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens,
+                           carry):  # pragma: no cover - compiled
     for i in range(lengths.shape[0]):
         if not take[i]:
             continue
         k = i % ranks
-        m = min(lengths[i], row_len)
         if carry[2, k] == 0:  # the stream's first example opens its first batch
             carry[2, k] = 1
             carry[0, k] = 0
             carry[1, k] = 0
+        p = _phase(starts, carry[2, k] - 1)  # the open batch's shape
+        row_len = lens[p]
+        m = min(lengths[i], row_len)
         r = carry[0, k]
         c = carry[1, k]
         if c + m > row_len:
             r += 1
             c = 0
-        if r == rows:  # the batch is full: this example opens the next one
+        if r == sizes[p]:  # the batch is full: this example opens the next one, its shape
             carry[2, k] += 1
+            m = min(lengths[i], lens[_phase(starts, carry[2, k] - 1)])
             r = 0
             c = 0
         carry[0, k] = r
@@ -130,18 +147,19 @@ def segments(lengths: np.ndarray, where_row: np.ndarray, *, rows: int,
     return np.concatenate([[0], ends[:k]]).astype(np.int32)
 
 
-def count_batches(lengths: np.ndarray, rows: int, row_len: int) -> int:
-    """How many batches of ``rows`` rows of ``row_len`` the examples ``lengths`` fill when
-    placed in order as ``plan`` places them (each batch takes at least one example)."""
-    return int(_count_batches(np.ascontiguousarray(lengths, np.int64), rows, row_len))
+def count_batches(lengths: np.ndarray, shapes: Shapes) -> int:
+    """How many batches the examples ``lengths`` fill when placed in order as ``plan`` places
+    them, batch ``k`` in ``B_k`` rows of ``T_k`` (``shapes``, ``ndp.loader.shapes``; each
+    batch takes at least one example)."""
+    return int(_count_batches(np.ascontiguousarray(lengths, np.int64), *shapes.arrays()))
 
 
-def count_batches_by_rank(lengths: np.ndarray, take: np.ndarray, ranks: int, rows: int,
-                          row_len: int, carry: np.ndarray) -> None:
+def count_batches_by_rank(lengths: np.ndarray, take: np.ndarray, ranks: int, shapes: Shapes,
+                          carry: np.ndarray) -> None:
     """``count_batches`` of ``ranks`` interleaved streams at once, fed a piece at a time:
     element ``i`` of ``lengths`` belongs to stream ``i % ranks`` and is one of its examples
     where ``take[i]``. ``carry`` (int64, 3 x ``ranks``: each stream's row and column in its
     open batch, and its batches so far) goes from piece to piece, so that ``carry[2]`` is, per
-    stream, ``count_batches`` of all its examples however they were cut (``rows`` >= 1)."""
+    stream, ``count_batches`` of all its examples however they were cut."""
     _count_batches_by_rank(np.ascontiguousarray(lengths, np.int64),
-                           np.ascontiguousarray(take, np.bool_), ranks, rows, row_len, carry)
+                           np.ascontiguousarray(take, np.bool_), ranks, *shapes.arrays(), carry)

@@ -55,6 +55,8 @@ from ndp.loader.order import (
 from ndp.loader.packing import count_batches
 from ndp.loader.reach import Reach
 from ndp.loader.share import RankOrder, Share
+from ndp.loader.shapes import Shapes
+from ndp.loader.steps import RunSteps
 from ndp.loader.shared_count import epoch_count
 from ndp.loader.sources import mix_sources
 from ndp.store.corpus import Corpus
@@ -64,15 +66,17 @@ from ndp.wire.format import INDEX_ENTRY_DTYPE
 ENTRY_BYTES = INDEX_ENTRY_DTYPE.itemsize
 
 
-class Plan(Reach):
+class Plan(Reach, RunSteps):
     """This rank's share of each epoch and the chunks of it (see the module docstring)."""
 
-    def __init__(self, corpus: Corpus, *, mode: str, batch_size: int, seq_len: int,
+    def __init__(self, corpus: Corpus, *, mode: str, batch_size: Any, seq_len: Any,
                  shuffle: bool, seed: int, rank: int, world_size: int, crc_drop_rate: float,
                  mix: dict | None, mix_by: str, mix_size: str | int = "shortest",
                  shuffle_window: int | str = WINDOW_BYTES) -> None:
         self.corpus, self.mode = corpus, mode
-        self.batch_size, self.seq_len = batch_size, seq_len
+        self._set_shapes(batch_size, seq_len)
+        #: the run step of each epoch's first batch, where known (``start_step``)
+        self._starts: dict[int, int] = {0: 0}
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
         self.crc_drop_rate = crc_drop_rate
         check_mix_size(mix_size)
@@ -109,12 +113,17 @@ class Plan(Reach):
                 np.diff(self.corpus.base), self._shard_bytes, shuffle=self.shuffle,
                 window=self._window_bytes) if whole else 0)
 
-    def variant(self, *, rank: int, world_size: int, batch_size: int, seq_len: int) -> Plan:
+    def variant(self, *, rank: int, world_size: int, batch_size: Any, seq_len: Any,
+                start: int | None = None, epoch: int | None = None) -> Plan:
         """This plan for another rank, world size or batch shape (the same data, order,
-        mixing, CRC-Drop and elastic remainder): how an earlier run's ranks cut their epochs."""
+        mixing, CRC-Drop and elastic remainder): how an earlier run's ranks cut their epochs;
+        ``start``: the run step ``epoch`` began at in that run."""
         other = copy.copy(self)
         other.rank, other.world_size = rank, world_size
-        other.batch_size, other.seq_len = batch_size, seq_len
+        other._set_shapes(batch_size, seq_len)
+        other._starts = dict(self._starts)
+        if start is not None:
+            other._starts = {epoch: start}
         other._shares, other._memo_share, other._memo = {}, None, {}
         other._blocks_of, other._blocks = None, {}
         other._batches = {}
@@ -207,7 +216,7 @@ class Plan(Reach):
                                 shard_bytes=self._shard_bytes, window_bytes=self._window_bytes,
                                 rate=self.crc_drop_rate, rank=self.rank,
                                 world_size=self.world_size, mode=self.mode,
-                                batch_size=self.batch_size, seq_len=self.seq_len, stop=stop)
+                                shapes=self.shapes_of(epoch), stop=stop)
             self.peak_plan_elements = walked.peak
             own, m = walked.own, walked.length
             packets = np.concatenate([own, own]) if self.mode == "packed" else own
@@ -238,7 +247,8 @@ class Plan(Reach):
                                      window_bytes=self._window_bytes))
         order = RankOrder(windows, rank=self.rank, world_size=W, length=length,
                           repeat=self.mode == "packed", corpus=self.corpus)
-        known = -(-length // self.batch_size) if self.mode == "padded" else None
+        shapes = self.shapes_of(epoch)
+        known = shapes.padded_batches(length) if self.mode == "padded" else None
 
         def done(batches: int | None, peak: int) -> None:
             self.peak_plan_elements = peak
@@ -246,9 +256,8 @@ class Plan(Reach):
                 self._batches[epoch] = known if batches is None else batches
 
         count = epoch_count(self.corpus, windows, self.count_fields(epoch), rank=self.rank,
-                            world_size=W, length=length, mode=self.mode,
-                            batch_size=self.batch_size, seq_len=self.seq_len, known=known,
-                            done=done)
+                            world_size=W, length=length, mode=self.mode, shapes=shapes,
+                            known=known, done=done)
         own = (n - self.rank + W - 1) // W  # this rank's places of the epoch
         cut = own - length  # its places past the shares' length: counted as rank_balance
         if cut and units.active(self.corpus, self.mode):  # in packets: each a document's
@@ -258,11 +267,15 @@ class Plan(Reach):
     def count_fields(self, epoch: int) -> dict:
         """What ``epoch``'s count depends on: its key among shared counts
         (``ndp.loader.shared_count``)."""
-        return {"fingerprint": getattr(self.corpus, "fingerprint", None),
-                "indexes": getattr(self.corpus, "index_stamp", None), "order": ORDER,
-                "mode": self.mode, "batch_size": self.batch_size, "seq_len": self.seq_len,
-                "world_size": self.world_size, "seed": self.seed, "epoch": epoch,
-                "shuffle": self.shuffle, "shuffle_window": self.shuffle_window}
+        shapes = self.shapes_of(epoch)
+        fields = {"fingerprint": getattr(self.corpus, "fingerprint", None),
+                  "indexes": getattr(self.corpus, "index_stamp", None), "order": ORDER,
+                  "mode": self.mode, "batch_size": shapes.sizes[0], "seq_len": shapes.lens[0],
+                  "world_size": self.world_size, "seed": self.seed, "epoch": epoch,
+                  "shuffle": self.shuffle, "shuffle_window": self.shuffle_window}
+        if not shapes.constant:  # the epoch's shapes from its first step (one: as before)
+            fields["shapes"] = shapes.record()
+        return fields
 
     def epoch_batches(self, epoch: int) -> int:
         """``share(epoch).batches`` (``len(loader)``), without planning the epoch again once
@@ -299,7 +312,8 @@ class Plan(Reach):
             self.peak_plan_elements = int(order.shape[0])
         m = min(k.shape[0] for k, *_ in every)
         kept, n_dropped, unused, again = every[self.rank]
-        batches = min(self.batches_of(k[:m]) for k, *_ in every)
+        shapes = self.shapes_of(epoch)
+        batches = min(self.batches_of(k[:m], shapes) for k, *_ in every)
         own = kept[:m]
         packets = np.concatenate([own, own]) if self.mode == "packed" else own
         again_given = 0 if rest is None else self.place_packets(rest.packets[rest.partial[
@@ -335,18 +349,17 @@ class Plan(Reach):
         return kept, self.place_packets(share[dropped[share]]), unused_by_source, \
             again_by_source
 
-    def batches_of(self, share: np.ndarray) -> int:
+    def batches_of(self, share: np.ndarray, shapes: Shapes) -> int:
         """Batches ``share`` makes by the index's token counts (what it makes when nothing in
-        it is corrupt)."""
-        B, T = self.batch_size, self.seq_len
+        it is corrupt), with ``shapes`` from its first batch."""
         if self.mode == "padded":
-            return -(-share.shape[0] // B)
+            return shapes.padded_batches(share.shape[0])
         tokens = self.corpus.tokens[share]
         if self.mode == "packed":
             if units.active(self.corpus, self.mode):  # each place's document
                 tokens = units.place_tokens(self.corpus, share, tokens)
-            return max(0, (int(tokens.sum()) - 1) // (B * T))
-        return count_batches(tokens, B, T)
+            return shapes.packed_batches(int(tokens.sum()))
+        return count_batches(tokens, shapes)
 
     def by_source(self, share: np.ndarray, counted: dict) -> None:
         """Turn a batch's ``_range`` of newly counted share positions into packets per source

@@ -94,6 +94,7 @@ class Producer:
         plan = self.plan
         epoch, pos, tok, done = state["epoch"], state["pos"], state["tok"], state["batch"]
         sh = plan.share(epoch, stop=stop.is_set)  # a stopped producer abandons the pass
+        shapes = plan.shapes_of(epoch)  # batch shapes from the epoch's first batch
         plan.plan_ahead(epoch + 1)  # while this one is delivered: no wait at its end
         share, n = sh.packets, sh.packets.shape[0]
         fresh = pos == 0 and tok == 0
@@ -109,6 +110,10 @@ class Producer:
             if step is None:
                 break
             size, last = step
+            shape = shapes.at(done)
+            change = shapes.phase_end(done)  # a chunk holds one shape: it ends before a change
+            if change is not None and done + size > change:
+                size, last = change - done, False
             slot = self.ring.acquire(stop)
             if slot is None:
                 return None
@@ -117,8 +122,8 @@ class Producer:
             # packed: the chunk that makes the epoch's last batch reads to the share's end when
             # that is all it needs, so that the leftover packets are decoded and counted
             own_end = sh.length if plan.mode == "packed" and last else None
-            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size, own_end)
-            self._size = min(2 * self._size, self.chunks.chunk_batches)
+            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size, own_end, shape)
+            self._size = min(2 * self._size, self.chunks.per_chunk(*shape))
             layout = chunk.layout
             for batch in layout.batches:
                 done += 1

@@ -2,8 +2,7 @@
 the plan's answer to the producer's "how many packets make these batches" (``ndp.loader.chunks``),
 from token counts gathered a block of share positions at a time and remembered.
 
-A ``Plan`` is a ``Reach``: it gives ``corpus``, ``mode``, ``batch_size``, ``seq_len`` and the
-memo fields (``_memo_share``, ``_memo``, ``_blocks_of``, ``_blocks``), which it sets up.
+A ``Plan`` is a ``Reach``: it gives ``corpus``, ``mode`` and the memo fields (``_memo_share``, ``_memo``, ``_blocks_of``, ``_blocks``), which it sets up.
 """
 
 from __future__ import annotations
@@ -25,18 +24,17 @@ class Reach:
 
     corpus: Any
     mode: str
-    batch_size: int
-    seq_len: int
     _memo_share: Any
     _memo: dict
     _blocks_of: Any
     _blocks: dict
 
-    def chunk_end(self, share: np.ndarray, pos: int, tok: int, batches: int) -> int:
-        """The share position where a chunk of ``batches`` batches from ``(pos, tok)`` ends,
-        by the index's token counts."""
+    def chunk_end(self, share: np.ndarray, pos: int, tok: int, batches: int,
+                  shape: tuple[int, int]) -> int:
+        """The share position where a chunk of ``batches`` batches of ``shape`` (B, T) from
+        ``(pos, tok)`` ends, by the index's token counts."""
         n = share.shape[0]
-        B, T = self.batch_size, self.seq_len
+        B, T = shape
         if self.mode == "padded":
             return min(pos + batches * B, n)
         if self.mode == "packed":
@@ -62,7 +60,7 @@ class Reach:
         for _ in range(batches):  # packing: a batch takes its candidates when all are valid
             if at >= n:
                 break
-            at = self.candidates(share, at)
+            at = self.candidates(share, at, shape)
         return min(at, n)
 
     def share_tokens(self, share: np.ndarray, a: int, b: int) -> np.ndarray:
@@ -104,24 +102,25 @@ class Reach:
         joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return joined[a - first * TOKEN_BLOCK: b - first * TOKEN_BLOCK]
 
-    def candidates(self, share: np.ndarray, at: int) -> int:
-        """Packing: the end of the candidates of the batch that starts at share position
-        ``at``: the packets whose index lengths fill ``batch_size`` rows (at least one).
-        Remembered for the share last asked about: a chunk's plan and its layout ask for the
-        same positions."""
+    def candidates(self, share: np.ndarray, at: int, shape: tuple[int, int]) -> int:
+        """Packing: the end of the candidates of the batch of ``shape`` (B rows of L) that
+        starts at share position ``at``: the packets whose index lengths fill its rows (at
+        least one). Remembered for the share last asked about: a chunk's plan and its layout
+        ask for the same positions."""
         if self._memo_share is not share:
             self._memo_share, self._memo = share, {}
-        q = self._memo.get(at)
+        key = (at, *shape)
+        q = self._memo.get(key)
         if q is not None:
             return q
-        B, L = self.batch_size, self.seq_len
+        B, L = shape
         cap = 8 * B
         while True:
             window = self.share_tokens(share, at, at + cap)
             _, _, fits = place(window, rows=B, row_len=L)
             if fits < window.shape[0] or at + cap >= share.shape[0]:
-                q = self._memo[at] = at + max(fits, 1)
+                q = self._memo[key] = at + max(fits, 1)
                 if len(self._memo) > 4096:  # positions behind the producer are not asked again
-                    self._memo = {at: q}
+                    self._memo = {key: q}
                 return q
             cap *= 2

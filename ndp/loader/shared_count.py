@@ -222,10 +222,10 @@ def check_against(corpus: Any, shared: SharedCount | None, result: dict) -> None
 
 
 def epoch_count(corpus: Any, windows: list, fields: dict, *, rank: int, world_size: int,
-                length: int, mode: str, batch_size: int, seq_len: int, known: int | None,
-                done: Any) -> Any:
+                length: int, mode: str, shapes: Any, known: int | None, done: Any) -> Any:
     """The ``ndp.loader.count.Count`` of an epoch whose shares are ``RankOrder``s of
-    ``length`` places over ``windows``: found written (known at once), or made on the plan's
+    ``length`` places over ``windows`` (``shapes``: the epoch's batch shapes, which ``fields``
+    name): found written (known at once), or made on the plan's
     thread, by this rank or read from the one counting (see the module docstring).
     ``known``: the batch count when no pass is needed for it (``padded``); ``done(batches,
     peak)`` is called with the count made."""
@@ -257,8 +257,7 @@ def epoch_count(corpus: Any, windows: list, fields: dict, *, rank: int, world_si
                 return
         try:
             batches, cuts = count_pass(corpus, windows, world_size=world_size, length=length,
-                                       mode=mode, batch_size=batch_size, seq_len=seq_len,
-                                       count=count, stop=stop,
+                                       mode=mode, shapes=shapes, count=count, stop=stop,
                                        publish=None if lock is None else shared.publish)
             if lock is not None:  # with the digests of the entries it was counted from
                 digests = [None if d is None else int(d)

@@ -33,6 +33,8 @@ SETTINGS = ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_
             "shuffle_window")
 #: state versions before the current one that are still read (see ``check_state``)
 OLDER = (1, 2, 3)
+#: versions with the current order that are still read: 4, written before states had ``step``
+NO_STEP = (4,)
 
 
 def checksum(state: dict) -> int:
@@ -54,6 +56,18 @@ def _int(state: dict, key: str) -> int:
     return int(value)
 
 
+def state_start(state: dict) -> int:
+    """The run step of the first batch of ``state``'s epoch (its ``step`` less its ``batch``;
+    states before version 5 did not record the step: 0, the step counted from the resume)."""
+    if "step" not in state or state.get("version") in OLDER + NO_STEP:
+        return 0
+    step, batch = _int(state, "step"), _int(state, "batch")
+    if not 0 <= batch <= step:
+        raise LoaderStateError(f"loader state step {step} is before its batch {batch} of its "
+                               f"epoch: a run's step counts every batch since its start")
+    return step - batch
+
+
 def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
     """The (epoch, pos, tok, batch) of ``state`` if it belongs to the loader whose own state
     is ``mine``; ``LoaderStateError`` otherwise."""
@@ -61,9 +75,9 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
         raise LoaderStateError(f"a loader state is a dict (from Loader.state_dict()), got "
                                f"{type(state).__name__}")
     version = state.get("version")
-    if version not in (*OLDER, mine["version"]):
+    if version not in (*OLDER, *NO_STEP, mine["version"]):
         raise LoaderStateError(f"loader state version {version!r} is not {mine['version']} "
-                               f"(nor {', '.join(map(str, OLDER))}): it was not written by "
+                               f"(nor {', '.join(map(str, OLDER + NO_STEP))}): it was not written by "
                                f"this ndp's Loader.state_dict()")
     if version in OLDER and state.get("shuffle") and (state.get("pos") or state.get("tok")
                                                        or state.get("batch")):
@@ -86,6 +100,9 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
             f"number of batches per epoch: with {mine['world_size']} ranks its position is not "
             f"one this ndp reaches; resume from the start of its epoch (set 'pos' and 'tok' to "
             f"0) or from a newer state")
+    if version == mine["version"] and "step" not in state:
+        raise LoaderStateError(f"loader state version {version} has no 'step' (the run's "
+                               f"batch number): it is damaged or not a Loader's")
     if version not in (1, 2):  # states since version 3 carry a checksum
         if "check" not in state:
             warnings.warn("loader state has no 'check' (edited by hand?): its fields are "

@@ -46,8 +46,9 @@ class Cut:
                    self.longer + other.longer, max(self.longest, other.longest))
 
 
-def cut_of(tokens: np.ndarray, seq_len: int) -> Cut:
-    """The ``Cut`` of rows of ``seq_len`` over packets of ``tokens`` tokens each."""
+def cut_of(tokens: np.ndarray, seq_len: int | np.ndarray) -> Cut:
+    """The ``Cut`` of rows of ``seq_len`` over packets of ``tokens`` tokens each (an array:
+    each packet's row's, where ``seq_len`` is a schedule, ``ndp.loader.shapes.Shapes.row_lens``)."""
     if tokens.shape[0] == 0:
         return Cut(0, 0, 0, 0)
     over = tokens.astype(np.int64, copy=False) - seq_len
@@ -104,8 +105,13 @@ class CutReport:
                 return
             share.count.counted()
         self._pending = False
+        shapes = plan.shapes_of(epoch)
         cut = share.cut if share.cut is not None else cut_of(
-            plan.corpus.tokens[share.packets[:share.length]], plan.seq_len)
+            plan.corpus.tokens[share.packets[:share.length]],
+            shapes.lens[0] if shapes.constant else shapes.row_lens(share.length))
+        lens = (f"`seq_len={plan.seq_len}`" if plan.shapes.constant else
+                f"the rows' `seq_len` ({', '.join(map(str, sorted(set(shapes.lens))))} in "
+                f"this epoch's phases)")
         self.stats.epoch_tokens, self.stats.epoch_truncated_tokens = cut.tokens, cut.truncated
         if cut.truncated * 100 <= WARN_PERCENT * cut.tokens:
             return
@@ -113,7 +119,7 @@ class CutReport:
         warnings.warn(
             f"ndp.Loader: padded rows cut {cut.truncated:,} of the {cut.tokens:,} tokens of "
             f"{who}epoch {epoch} ({100 * cut.truncated / cut.tokens:.1f}%) at "
-            f"`seq_len={plan.seq_len}`: {cut.longer:,} packets are longer (the longest "
+            f"{lens}: {cut.longer:,} packets are longer (the longest "
             f"{cut.longest:,} tokens), and a row keeps a packet's first `seq_len` tokens. For "
             f"pretraining data use `mode='packed'` (windows across packets: no token is cut); "
             f"for SFT examples, a larger `seq_len`. Counted in stats.epoch_truncated_tokens",

@@ -147,4 +147,5 @@ def test_a_resume_mid_epoch_does_not_wait_for_the_count(tmp_path, monkeypatch):
     with pytest.raises(LoaderStateError, match=f"batch {n + 1} is outside epoch 0, in which "
                                                f"every rank delivers {n} batches"):
         Loader(tmp_path, **kw).load_state_dict(
-            seal({**{k: v for k, v in state.items() if k != "check"}, "batch": n + 1}))
+            seal({**{k: v for k, v in state.items() if k != "check"}, "batch": n + 1,
+                  "step": n + 1}))

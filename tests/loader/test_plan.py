@@ -14,6 +14,7 @@ import pytest
 
 from ndp.loader.order import drop_mask, drop_ranges, epoch_order, epoch_windows, windows
 from ndp.loader.packing import count_batches, count_batches_by_rank
+from ndp.loader.shapes import Shapes
 from ndp.loader.plan import Plan
 from ndp.loader.shuffle import permute, round_keys
 from ndp.store.corpus import Corpus
@@ -61,7 +62,7 @@ def oracle(plan: Plan, epoch: int, rank: int) -> tuple:
         tokens = np.asarray(c.tokens[k])
         if plan.mode == "packed":
             return max(0, (int(tokens.sum()) - 1) // (B * T))
-        return count_batches(tokens, B, T)
+        return count_batches(tokens, Shapes.of(B, T))
 
     own = kept[rank][:m]
     packets = np.concatenate([own, own]) if plan.mode == "packed" else own
@@ -241,10 +242,10 @@ def test_batches_counted_per_rank_in_pieces_are_count_batches(rows, row_len):
     carry = np.zeros((3, ranks), np.int64)
     cuts = np.sort(rng.choice(np.arange(1, 600), 20, replace=False)) * ranks
     for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [3000]])):
-        count_batches_by_rank(lengths[a:b], take[a:b], ranks, rows, row_len, carry)
+        count_batches_by_rank(lengths[a:b], take[a:b], ranks, Shapes.of(rows, row_len), carry)
     for r in range(ranks):
         mine = lengths[r::ranks][take[r::ranks]]
-        assert carry[2, r] == count_batches(mine, rows, row_len)
+        assert carry[2, r] == count_batches(mine, Shapes.of(rows, row_len))
 
 
 def test_a_windows_every_wth_packet_is_picked_without_the_rest(uneven):
@@ -346,7 +347,7 @@ def test_the_end_of_a_packed_share_does_not_read_its_repeat_for_nothing(uneven, 
         plan = plan_of(uneven, **kw)  # nothing remembered
         if share is held:
             share = plan.share(0).packets  # no table built yet
-        assert plan.chunk_end(share, pos, 0, 2) <= L
+        assert plan.chunk_end(share, pos, 0, 2, plan.shapes.at(0)) <= L
         assert all(k.stop <= L for k in asked if isinstance(k, slice)), asked
         if share.tables is not None:  # only the windows the chunk lies in
             assert share.tables.held() == sorted({share.window_at(p) for p in range(pos, L)})

@@ -1,0 +1,55 @@
+"""The run's steps as a ``Plan`` sees them (``RunSteps``): the batch shape of every step
+(``ndp.loader.shapes``), and the run step each epoch's first batch is, which an epoch's
+shapes are counted from.
+
+A run's step counts its batches since the start of training, across epochs, the same on every
+rank: epoch ``e`` begins at the step the run resumed in (``set_start``, from a state) plus the
+batch counts of the epochs between. With one batch shape nothing depends on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ndp.loader.shapes import Shapes
+
+
+class RunSteps:
+    """A ``Plan``'s shapes and epoch starts; the plan gives ``epoch_batches(epoch)``."""
+
+    shapes: Shapes
+    _starts: dict[int, int]
+    epoch_batches: Any
+
+    def _set_shapes(self, batch_size: Any, seq_len: Any) -> None:
+        """``shapes``: the batch shape of every run step (``ndp.loader.shapes``);
+        ``batch_size`` and ``seq_len``: the first step's."""
+        self.batch_setting, self.len_setting = batch_size, seq_len
+        self.shapes = Shapes.of(batch_size, seq_len)
+        self.batch_size, self.seq_len = self.shapes.at(0)
+
+    def set_start(self, epoch: int, step: int) -> None:
+        """Epoch ``epoch``'s first batch is run step ``step`` (a resumed state says so)."""
+        self._starts = {epoch: step}
+
+    def start_step(self, epoch: int) -> int:
+        """The run step of ``epoch``'s first batch: the last known epoch start plus the batch
+        counts of the epochs from it (each counted once, and kept)."""
+        have = self._starts.get(epoch)
+        if have is not None:
+            return have
+        known = [e for e in self._starts if e < epoch]
+        if not known:
+            raise ValueError(f"epoch {epoch} is before the epoch this run resumed in "
+                             f"({min(self._starts)}): its first step is not known")
+        e = max(known)
+        step = self._starts[e]
+        for k in range(e, epoch):
+            step += self.epoch_batches(k)
+            self._starts[k + 1] = step
+        return step
+
+    def shapes_of(self, epoch: int) -> Shapes:
+        """``epoch``'s batch shapes, from its first batch (one shape: the run's, whatever the
+        epoch's first step)."""
+        return self.shapes if self.shapes.constant else self.shapes.after(self.start_step(epoch))
