@@ -25,7 +25,7 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
-NOTEBOOKS = ["quickstart.ipynb", "benchmark.ipynb", "integrity.ipynb"]
+NOTEBOOKS = ["quickstart.ipynb", "benchmark.ipynb", "integrity.ipynb", "schedules.ipynb"]
 
 
 def execute(name: str, cwd: Path = NOTEBOOKS_DIR) -> nbformat.NotebookNode:
@@ -113,6 +113,9 @@ def test_notebook_runs(name, monkeypatch):
         assert "backend: " in text and "in the loss" in text
     elif name == "integrity.ipynb":
         assert "every packet is accounted for" in text
+    elif name == "schedules.ipynb":
+        assert "the same batches as the uninterrupted run" in text and "realised" in text
+        assert images(nb) >= 1
     else:
         results = NOTEBOOKS_DIR.parent / "benchmarks" / "results"
         for path in sorted(results.glob("*.json")):

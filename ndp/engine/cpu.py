@@ -62,7 +62,8 @@ class Slot:
 
     index: int
     scratch: dict[str, tuple[Any, Any, int]] = field(default_factory=dict)
-    outputs: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)  # views of ``flat``, in rows
+    flat: dict[str, Any] = field(default_factory=dict)  # each output's memory, 1-D
     out_key: tuple = ()
     out_caps: tuple[int, int] = (0, 0)
     generation: int = 0
@@ -104,29 +105,41 @@ class CpuEngine:
             have = slot.scratch[name] = (self._device(cap, dtype, like=array), array, cap)
         return have[0], have[1]
 
-    def outputs(self, slot: Slot, mode: str, rows: int, cols: int, extra: int = 0) -> dict:
+    def outputs(self, slot: Slot, mode: str, rows: int, cols: int, extra: int = 0,
+                least: int = 0) -> dict:
         """The slot's output buffers for ``rows`` x ``cols`` of ``mode`` (and ``extra`` items of
-        the 1-D ``cu_seqlens``); a buffer is reallocated only when it is too small or of
-        another shape. Claims them for writing first (``claim``)."""
+        the 1-D ``cu_seqlens``). Each 2-D output is a view of a flat buffer of at least
+        ``least`` elements (a schedule's largest chunk, ``ndp.loader.shapes``), reallocated
+        only when it is too small: another ``cols`` that fits is the same memory seen in rows
+        of ``cols``, allocating nothing. Claims them for writing first (``claim``)."""
         self.claim(slot)
-        key = (mode, cols)
-        fresh = slot.out_key != key
-        more_rows = fresh or slot.out_caps[0] < rows
+        fresh = slot.out_key[:1] != (mode,)
+        elements = max(rows * cols, least)
+        more_rows = fresh or slot.out_caps[0] < elements
         more_extra = fresh or slot.out_caps[1] < extra
         if more_rows or more_extra:
             self.synchronize_slot(slot)
             if fresh:
-                slot.outputs = {}
-            caps = (grow(max(rows, 1)) if more_rows else slot.out_caps[0],
+                slot.flat = {}
+            caps = (grow(max(elements, 1)) if more_rows else slot.out_caps[0],
                     grow(max(extra, 1)) if more_extra else slot.out_caps[1])
             for name, dtype in OUTPUTS[mode]:
                 flat = name == "cu_seqlens"
                 if more_extra if flat else more_rows:
-                    slot.outputs[name] = self._output((caps[1],) if flat else (caps[0], cols),
-                                                      dtype)
-            slot.out_key, slot.out_caps = key, caps
+                    slot.flat[name] = self._output((caps[1] if flat else caps[0],), dtype)
+            slot.out_caps = caps
+            slot.out_key = ()
             slot.generation += 1
+        if slot.out_key != (mode, cols):
+            slot.outputs = {name: buf if name == "cu_seqlens" else
+                            self._shaped(buf, slot.out_caps[0] // cols, cols)
+                            for name, buf in slot.flat.items()}
+            slot.out_key = (mode, cols)
         return slot.outputs
+
+    def _shaped(self, flat: Any, rows: int, cols: int) -> Any:
+        """The first ``rows * cols`` elements of a flat output as ``rows`` rows of ``cols``."""
+        return flat[: rows * cols].reshape(rows, cols)
 
     def _host(self, n: int, dtype: Any) -> np.ndarray:
         return np.empty(n, dtype)

@@ -92,6 +92,9 @@ class CudaEngine(CpuEngine):
     def _output(self, shape: tuple[int, ...], dtype: Any) -> Buffer:
         return Buffer(shape, dtype, counters=self.counters)
 
+    def _shaped(self, flat: Buffer, rows: int, cols: int) -> Buffer:
+        return flat.shaped(rows, cols)
+
 
     # ---------------------------------------------------------------------- counted transfers
     def h2d(self, dst: Any, src: np.ndarray, stream: Any = None) -> None:

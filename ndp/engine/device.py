@@ -240,6 +240,17 @@ class Buffer:
         """The memory as a CuPy array (a NumPy array under the simulator)."""
         return self._export
 
+    def shaped(self, rows: int, cols: int) -> Buffer:
+        """The first ``rows * cols`` elements of this (1-D) buffer as ``rows`` rows of ``cols``:
+        the same memory and consumer bookkeeping, nothing allocated (a batch shape that
+        changes with the step, ``ndp.loader.shapes``)."""
+        view = Buffer.__new__(Buffer)
+        n = rows * cols
+        view.kernel = self.kernel[:n].reshape(rows, cols)
+        view._export = self._export[:n].reshape(rows, cols)
+        view.consumers, view.counters = self.consumers, self.counters
+        return view
+
     @property
     def nbytes(self) -> int:
         return int(self._export.nbytes)

@@ -19,6 +19,7 @@ import numpy as np
 from ndp.engine.cpu import CpuEngine, Slot, Staged, TooManyShards
 from ndp.loader.layout import Layout, packed_layout, packing_layout, padded_layout
 from ndp.loader import units
+from ndp.loader.packing import budget_ends
 from ndp.loader.plan import Plan
 
 
@@ -64,12 +65,18 @@ class ChunkDecoder:
         self.per_chunk = per_chunk
         #: batches per chunk of the run's first shape
         self.chunk_batches = per_chunk(*plan.shapes.at(0))
+        # output elements of the largest chunk of any phase (and packing's cu_seqlens: at most
+        # a segment per token and one of padding per row, plus 0): allocated at the first
+        # chunk, so that a change of shape allocates nothing (``ndp.engine.cpu.outputs``)
+        self._elements = plan.shapes.elements(lambda b, t: per_chunk(b, t) * b * t)
+        self._segments = plan.shapes.elements(lambda b, t: per_chunk(b, t) * (b * (t + 1) + 1))
 
     def decode(self, slot: Slot, share: np.ndarray, pos: int, tok: int, counted_upto: int,
                batches: int | None = None, own_end: int | None = None,
-               shape: tuple[int, int] | None = None) -> Chunk:
+               shape: tuple[int, int] | None = None, budget: int = 0) -> Chunk:
         """The next chunk from share position ``pos`` (and stream token ``tok``, packed mode),
-        its batches of ``shape`` (B, T; default: the run's first):
+        its batches of ``shape`` (B, T; default: the run's first; or cut by a token
+        ``budget``, ``ndp.loader.shapes``):
         at most ``batches`` (default ``per_chunk(B, T)``) batches, at least one unless the share
         ends in it (then ``layout.end`` or an exhausted share says so). ``counted_upto``: the
         first share position no earlier batch counted. ``own_end`` (packed mode, for the
@@ -83,7 +90,7 @@ class ChunkDecoder:
         engine.acquire(slot)
         documents = units.active(plan.corpus, plan.mode)  # places hold whole documents
         while True:
-            q = plan.chunk_end(share, pos, tok, reach, shape)
+            q = plan.chunk_end(share, pos, tok, reach, shape, budget)
             final = own_end is not None and q <= own_end
             if final:
                 q = own_end
@@ -110,14 +117,14 @@ class ChunkDecoder:
                 continue
             engine.submit_verdicts(staged, slot, self.vocab)
             if self.stager.prefetches:  # the next chunk's first shards, while this decodes
-                self.stager.prefetch(share[q: plan.chunk_end(share, q, 0, 1, shape)])
+                self.stager.prefetch(share[q: plan.chunk_end(share, q, 0, 1, shape, budget)])
             verdicts = engine.read_verdicts(slot, staged.n)
             if not self.stager.checks_headers:  # an index matched by size alone: refuse a
                 # lie, from the bytes staged on the host (a GPU's stage checks as it copies);
                 # every entry passed its index's first-use check (``LazyIndex.read_at``)
                 plan.corpus.check_headers(packets, staged.data, staged.offsets, entries)
             layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final,
-                                  shape, ex)
+                                  shape, budget, ex)
             if layout.batches or layout.end is not None or q >= n:
                 break
             reach *= 2  # dropped packets held too few tokens: take more of them (as many
@@ -131,11 +138,15 @@ class ChunkDecoder:
 
     def _layout(self, verdicts: np.ndarray, share: np.ndarray, pos: int, tok: int,
                 counted_upto: int, batches: int, share_ends: bool, final: bool,
-                shape: tuple[int, int], ex: units.Expanded | None = None) -> Layout:
+                shape: tuple[int, int], budget: int,
+                ex: units.Expanded | None = None) -> Layout:
         plan = self.plan
         B, T = shape
         if plan.mode == "padded":
-            return padded_layout(verdicts, batch_size=B, max_len=T, pos=pos)
+            ends = None if not budget else budget_ends(  # by the index, as planned
+                plan.share_tokens(share, pos, pos + verdicts.shape[0]), budget=budget,
+                row_len=T, most=batches)
+            return padded_layout(verdicts, batch_size=B, max_len=T, pos=pos, ends=ends)
         if plan.mode == "packed":
             since = max(counted_upto - pos, 0)
             layout = packed_layout(
@@ -145,9 +156,9 @@ class ChunkDecoder:
                 units=None if ex is None else ex.first_of)
             return layout if ex is None else units.to_places(layout, ex, verdicts, pos)
         return packing_layout(verdicts,
-                              lambda at: plan.candidates(share, pos + at, shape) - pos,
+                              lambda at: plan.candidates(share, pos + at, shape, budget) - pos,
                               batch_size=B, row_len=T, pos=pos, max_batches=batches,
-                              share_ends=share_ends)
+                              share_ends=share_ends, budget=budget)
 
     def _build(self, layout: Layout, staged: Staged, slot: Slot, shape: tuple[int, int]) -> None:
         engine, mode = self.engine, self.plan.mode
@@ -155,19 +166,17 @@ class ChunkDecoder:
         build = layout.build
         # outputs are allocated for a full chunk at once, so the small first chunks after a
         # start do not make the slots grow (and be wrapped for the consumer) again and again
-        per_chunk = self.per_chunk(B, T)
-        full = per_chunk * B
+        full, least = self.per_chunk(B, T) * B, self._elements
         if mode == "padded":
             rows = build["row_packet"]
-            outs = engine.outputs(slot, mode, max(rows.shape[0], full), T)
+            outs = engine.outputs(slot, mode, max(rows.shape[0], full), T, least=least)
             engine.build_padded(staged, slot, rows, self.pad_token_id, outs)
         elif mode == "packed":
-            outs = engine.outputs(slot, mode, max(build["windows"], full), T)
+            outs = engine.outputs(slot, mode, max(build["windows"], full), T, least=least)
             engine.build_packed(staged, slot, build["rows"], build["cum"], build["start"],
                                 build["windows"], outs)
         else:
-            # cu_seqlens: at most one segment per token and one of padding per row, plus 0
-            most = per_chunk * (B * (T + 1) + 1)
             outs = engine.outputs(slot, mode, max(build["rows"], full), T,
-                                  max(build["cu_seqlens"].shape[0], most))
+                                  max(build["cu_seqlens"].shape[0], self._segments),
+                                  least=least)
             engine.build_packing(staged, slot, build, self.pad_token_id, outs)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ndp.loader.epoch import Stopped, window_tokens
-from ndp.loader.packing import count_batches_by_rank
+from ndp.loader.packing import count_batches_by_rank, new_carry
 from ndp.loader.shapes import Shapes
 from ndp.loader.truncation import Cut
 
@@ -159,7 +159,7 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
     mode; the cut of each rank, or None), for the caller to ``finish`` it with."""
     W, limit = world_size, length * world_size  # places from ``limit`` on are cut from all
     sums = np.zeros(W, np.int64)
-    carry = np.zeros((3, W), np.int64)
+    carry = new_carry(W)
     cuts = np.zeros((4, W), np.int64)  # per rank: tokens, truncated, longer, longest
     # padded: the T of each share position's row (one T: no array)
     seq_len = shapes.lens[0] if shapes.constant else None

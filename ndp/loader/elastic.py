@@ -200,8 +200,10 @@ def _check_one(state: dict, mine: dict, plan: Plan) -> dict:
     """One old rank's state checked as that rank's own loader would check it."""
     for key in MAY_DIFFER:
         value = state.get(key)
-        if key in ("batch_size", "seq_len") and isinstance(value, dict):
-            continue  # a schedule's record: read (and checked) by Schedule.from_record
+        if key in ("batch_size", "seq_len") and isinstance(value, dict) or (
+                key == "batch_size" and value is None and state.get("batch_tokens")):
+            continue  # a schedule's record (read and checked by Schedule.from_record), or
+            # batches cut by a token budget
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise LoaderStateError(f"loader state field {key!r} is {value!r}")
     try:
@@ -225,10 +227,12 @@ def _derive(state: dict, world: int, mine: dict, plan: Plan) -> list[dict]:
         share = old.share(at["epoch"])
         shapes = old.shapes_of(at["epoch"])
         pos = 0
-        if plan.mode == "padded":
+        if plan.mode == "padded" and not shapes.budgeted:
             pos = min(shapes.rows_before(at["batch"]), share.length)
-        for k in range(at["batch"] if plan.mode != "padded" else 0):
-            pos = min(old.candidates(share.packets, pos, shapes.at(k)), share.length)
+        else:  # packing, or a token budget: batch after batch, by the index
+            for k in range(at["batch"]):
+                pos = min(old.chunk_end(share.packets, pos, 0, 1, shapes.at(k),
+                                        shapes.budget_at(k)), share.length)
         out.append(seal({**{k: v for k, v in state.items() if k != "check"}, "rank": rank,
                          "pos": pos, "tok": 0}))
     return out

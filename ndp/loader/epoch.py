@@ -29,9 +29,9 @@ import numpy as np
 
 from ndp.loader import units
 from ndp.loader.order import Window, check_drop_rate, drop_ranges, epoch_windows
-from ndp.loader.packing import count_batches_by_rank
+from ndp.loader.packing import count_batches_by_rank, new_carry
 from ndp.loader.shapes import Shapes
-from ndp.loader.truncation import Cut, cut_of
+from ndp.loader.truncation import Cut, cut_of, row_lens
 
 
 class Stopped(Exception):
@@ -73,18 +73,19 @@ def plan_epoch(corpus: Any, *, epoch: int, seed: int, shuffle: bool, shard_bytes
         own_done = True
     else:
         length, kept, dropped, own_done = n // W, own.shape[0], 0, False
-    if mode == "padded":
+    if mode == "padded" and not shapes.budgeted:
         if not own_done:
             walk.run(own=own, own_tokens=own_tokens)
         batches = shapes.padded_batches(length)
-        cut = cut_of(own_tokens[:length], shapes.row_lens(length))
-    else:
-        totals = walk.run(own=None if own_done else own, length=length)
+    else:  # every rank's tokens (packed) or greedy batches (packing, a token budget)
+        totals = walk.run(own=None if own_done else own, length=length,
+                          own_tokens=None if own_done else own_tokens)
         if mode == "packed":
             batches = shapes.packed_batches(int(totals.sums.min()))
         else:
             batches = int(totals.carry[2].min())
-        cut = None
+    cut = None if mode != "padded" else cut_of(own_tokens[:length],
+                                               row_lens(shapes, own_tokens[:length]))
     balanced = kept - length  # in packets: packed mode's places hold documents (``units``)
     if balanced and units.active(corpus, mode):
         balanced = int(units.place_sizes(corpus, own[length:kept]).sum())
@@ -126,7 +127,7 @@ class _Walk:
         rank's tokens (packed) or batches (packing) over its first ``length`` kept packets,
         stopping when all are reached (and ``own`` is not being collected)."""
         W, rank = self.world, self.rank
-        tot = _Totals(np.zeros(W, np.int64), np.zeros(W, np.int64), np.zeros((3, W), np.int64))
+        tot = _Totals(np.zeros(W, np.int64), np.zeros(W, np.int64), new_carry(W))
         at = 0  # the epoch position of the window's first packet
         for win in epoch_windows(self.corpus.base, **self.order):
             if own is None and length is not None and tot.kept.min() >= length:
@@ -165,7 +166,8 @@ class _Walk:
                               at % W, W, False)
                 self._held(kept)
                 counts = kept.sum(axis=0)
-                if length is not None and self.mode != "padded" and tot.kept.min() < length:
+                if length is not None and (self.mode != "padded" or self.shapes.budgeted) \
+                        and tot.kept.min() < length:
                     self._tokens(win, perm, kept, at % W, tot, length,
                                  every=int((tot.kept + counts).max()) <= length)
                 tot.kept += counts

@@ -66,13 +66,17 @@ def _sums(values: np.ndarray, bounds: np.ndarray) -> list[int]:
     return np.diff(cum[bounds]).tolist()
 
 
-def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: int) -> Layout:
-    """Batches of ``batch_size`` packets from share position ``pos``; the build plan is
-    ``row_packet`` (the chunk packet of each output row; batch ``j``'s rows are consecutive)."""
+def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: int,
+                  ends: np.ndarray | None = None) -> Layout:
+    """Batches of ``batch_size`` packets from share position ``pos`` (or ending at ``ends``,
+    the chunk packets where batches cut by a token budget end by the index); the build plan
+    is ``row_packet`` (the chunk packet of each output row; batch ``j``'s rows are
+    consecutive)."""
     n = verdicts.shape[0]
     valid = verdicts >= 0
     row_packet = np.flatnonzero(valid).astype(np.int64)
-    bounds = np.append(np.arange(0, n, batch_size), n)
+    bounds = (np.append(np.arange(0, n, batch_size), n) if ends is None
+              else np.concatenate([[0], ends]).astype(np.int64))
     rows_before = np.concatenate([[0], np.cumsum(valid)])[bounds].tolist()
     tokens = tokens_of(verdicts)
     kept = _sums(np.minimum(tokens, max_len), bounds)
@@ -145,7 +149,8 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
 
 
 def packing_layout(verdicts: np.ndarray, candidates: Callable[[int], int], *, batch_size: int,
-                   row_len: int, pos: int, max_batches: int, share_ends: bool) -> Layout:
+                   row_len: int, pos: int, max_batches: int, share_ends: bool,
+                   budget: int = 0) -> Layout:
     """Up to ``max_batches`` packed-row batches from share position ``pos``.
     ``candidates(at)``: where the candidates of a batch starting at chunk packet ``at`` end
     (chosen by the index's token counts before decoding, as ``ndp.loader.plan.Plan.candidates``); a
@@ -154,8 +159,9 @@ def packing_layout(verdicts: np.ndarray, candidates: Callable[[int], int], *, ba
 
     The build plan: ``doc_packet``, ``doc_col``, ``doc_len`` per document and ``row_docs``
     (row ``r``'s documents are ``row_docs[r]:row_docs[r + 1]``) over the chunk's output rows
-    (batch ``b`` has rows ``[bB, bB + B)``), and ``cu_seqlens`` (int32, every batch's own, one
-    after the other)."""
+    (batch ``b`` has rows ``[bB, bB + B)``; with a token ``budget``, as many rows as its
+    candidates fill, one batch's after the other's), and ``cu_seqlens`` (int32, every batch's
+    own, one after the other)."""
     B, L = batch_size, row_len
     n = verdicts.shape[0]
     tokens = tokens_of(verdicts)
@@ -163,6 +169,7 @@ def packing_layout(verdicts: np.ndarray, candidates: Callable[[int], int], *, ba
     batches: list[Batch] = []
     at = 0  # chunk packet where the next batch starts
     cu_at = 0
+    row_at = 0  # the chunk's output row where the next batch's rows start
     while at < n and len(batches) < max_batches:
         q = candidates(at)
         if q > n and not share_ends:
@@ -170,26 +177,29 @@ def packing_layout(verdicts: np.ndarray, candidates: Callable[[int], int], *, ba
         q = min(q, n)
         valid = np.flatnonzero(verdicts[at:q] >= 0)
         lengths = np.minimum(tokens[at:q][valid], L)
-        where_row, where_col, placed = place(lengths, rows=B, row_len=L)
+        # a budget's candidates all fit it: as many rows as they fill (one at least)
+        where_row, where_col, placed = place(lengths, rows=lengths.shape[0] + 1 if budget
+                                             else B, row_len=L)
+        rows = B if not budget else (int(where_row[-1]) + 1 if placed else 1)
         taken = int(valid[placed]) if placed < valid.shape[0] else q - at
-        b = len(batches)
         doc_packet.append(at + valid[:placed])
-        doc_row.append(b * B + where_row)
+        doc_row.append(row_at + where_row)
         doc_col.append(where_col)
         doc_len.append(lengths[:placed])
-        cu = segments(lengths[:placed], where_row, rows=B, row_len=L)
+        cu = segments(lengths[:placed], where_row, rows=rows, row_len=L)
         cu_parts.append(cu)
         counted = count(verdicts[at: at + taken])
         counted["tokens"] = int(lengths[:placed].sum())
         counted["truncated_tokens"] = int(np.maximum(tokens[at:q][valid[:placed]] - L, 0).sum())
         counted["_range"] = (pos + at, pos + at + taken)
         at += taken
-        batches.append(Batch({name: (b * B, (b + 1) * B) for name in
+        batches.append(Batch({name: (row_at, row_at + rows) for name in
                               ("input_ids", "labels", "attention_mask", "position_ids")}
                              | {"cu_seqlens": (cu_at, cu_at + cu.shape[0])},
                              {"pos": pos + at, "tok": 0}, counted))
         cu_at += cu.shape[0]
-    rows_total = len(batches) * B
+        row_at += rows
+    rows_total = row_at
     doc_row_all = _cat(doc_row)
     row_docs = np.searchsorted(doc_row_all, np.arange(rows_total + 1), side="left")
     build = {"doc_packet": _cat(doc_packet), "doc_col": _cat(doc_col), "doc_len": _cat(doc_len),

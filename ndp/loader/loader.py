@@ -114,6 +114,7 @@ from ndp.loader.serve import Ring
 from ndp.loader.shapes import from_setting, setting, shape_schedule
 from ndp.loader.resume import resume
 from ndp.loader.state import seal
+from ndp.loader.steps import StepViews
 from ndp.loader.stats import LoaderStats
 from ndp.loader.truncation import CutReport
 
@@ -122,14 +123,14 @@ from ndp.loader.truncation import CutReport
 STATE_VERSION = 5
 
 
-class Loader:
+class Loader(StepViews):
     """Batches from NDP shards; see the module docstring for modes, order and validity."""
 
     def __init__(
         self,
         data: str | os.PathLike | Sequence[str | os.PathLike] | Corpus,
         *,
-        batch_size: int | Schedule,
+        batch_size: int | Schedule | None = None,
         seq_len: int | Schedule,
         mode: str = "padded",
         pad_token_id: int = 0,
@@ -156,8 +157,10 @@ class Loader:
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int | None = None,
         device: int | None = None,
+        batch_tokens: int | Schedule | None = None,
     ) -> None:
-        check_options(mode=mode, batch_size=batch_size, seq_len=seq_len, prefetch=prefetch,
+        check_options(mode=mode, batch_size=batch_size, seq_len=seq_len,
+                      batch_tokens=batch_tokens, prefetch=prefetch,
                       seed=seed, pad_token_id=pad_token_id, chunk_batches=chunk_batches,
                       vocab_size=vocab_size, output=output, crc_drop_rate=crc_drop_rate,
                       shuffle=shuffle, resident=resident, progress=progress, verify=verify,
@@ -165,8 +168,9 @@ class Loader:
                       cache_limit=cache_limit, mix=mix)
         # Python's own types from here on (a NumPy int or bool passes the checks); a batch
         # shape of one phase is its int (``ndp.loader.shapes``), as states record it
-        batch_size, seq_len = (setting(shape_schedule(name, value)) for name, value in
-                               (("batch_size", batch_size), ("seq_len", seq_len)))
+        batch_size, seq_len, batch_tokens = (
+            None if value is None else setting(shape_schedule(name, value)) for name, value in
+            (("batch_size", batch_size), ("seq_len", seq_len), ("batch_tokens", batch_tokens)))
         prefetch, seed, pad_token_id = map(int, (prefetch, seed, pad_token_id))
         crc_drop_rate, shuffle = float(crc_drop_rate), bool(shuffle)
         chunk_batches = None if chunk_batches is None else int(chunk_batches)
@@ -179,8 +183,10 @@ class Loader:
         #: 2**31 (an id must fit int32); a packet with one past it is dropped (TOKEN_RANGE)
         self.vocab_size = vocab_size or self.corpus.vocab_size or NO_VOCAB
         self.mode = mode
-        #: ``batch_size`` and ``seq_len`` as given: an int, or a schedule's record (``setting``)
-        self._shape_settings = {"batch_size": batch_size, "seq_len": seq_len}
+        #: ``batch_size``, ``seq_len`` and ``batch_tokens`` as given: an int, a schedule's
+        #: record (``setting``), or None (``batch_tokens`` in a state only when given)
+        self._shape_settings = {"batch_size": batch_size, "seq_len": seq_len,
+                                **({"batch_tokens": batch_tokens} if batch_tokens else {})}
         self.pad_token_id, self.shuffle, self.seed = pad_token_id, shuffle, seed
         self.rank, self.world_size = rank_and_world(rank, world_size)
         check_world(self.corpus.n_packets, self.world_size, self._where())
@@ -189,6 +195,7 @@ class Loader:
         self.crc_drop_rate, self.prefetch, self.output = crc_drop_rate, prefetch, output
         self.progress = progress
         self.plan = Plan(self.corpus, mode=mode, batch_size=from_setting(batch_size),
+                         batch_tokens=from_setting(batch_tokens),
                          seq_len=from_setting(seq_len),
                          shuffle=shuffle, seed=seed, rank=self.rank, world_size=self.world_size,
                          crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by,
@@ -273,29 +280,6 @@ class Loader:
     @property
     def epoch(self) -> int:
         return self._state["epoch"]
-
-    @property
-    def step(self) -> int:
-        """The run step of the next batch: the batches delivered before it since the start of
-        training, across epochs (resumes included), the same on every rank. Schedules
-        (``ndp.Schedule``) are keyed by it."""
-        return self.plan.start_step(self.epoch) + self._state["batch"]
-
-    @property
-    def batch_size(self) -> int:
-        """The next batch's ``batch_size`` (``batch_size=`` if it is an int; a schedule's
-        value at ``step``)."""
-        return self._shape()[0]
-
-    @property
-    def seq_len(self) -> int:
-        """The next batch's ``seq_len`` (``seq_len=`` if it is an int; a schedule's value at
-        ``step``)."""
-        return self._shape()[1]
-
-    def _shape(self) -> tuple[int, int]:
-        shapes = self.plan.shapes
-        return shapes.at(0) if shapes.constant else shapes.at(self.step)
 
     def __len__(self) -> int:
         """Batches this rank delivers in the whole current epoch (the one the next loop

@@ -14,12 +14,14 @@ from ndp.checks import INT32_END, choice, flag, integer
 from ndp.engine.cpu import OUTPUTS, grow
 from ndp.errors import CacheFullError, ConfigError, DataError
 from ndp.loader.order import check_drop_rate, shards_at_once
+from ndp.loader.schedule import Schedule
 from ndp.loader.shapes import Shapes
 
 MODES = ("padded", "packed", "packing")
 
 
-def check_options(*, mode: str, batch_size: Any, seq_len: Any, prefetch: int, seed: int,
+def check_options(*, mode: str, batch_size: Any, seq_len: Any, batch_tokens: Any = None,
+                  prefetch: int, seed: int,
                   pad_token_id: int, chunk_batches: int | None, vocab_size: int | None,
                   output: str, crc_drop_rate: float = 0.0, shuffle: bool = True,
                   resident: bool = False, progress: bool = False, verify: str = "size",
@@ -31,7 +33,11 @@ def check_options(*, mode: str, batch_size: Any, seq_len: Any, prefetch: int, se
     bool for a number, a name not among the allowed ones); torch imported now if the batches
     are to be torch tensors, so a missing torch is said at once."""
     choice("mode", mode, MODES)
-    shapes = Shapes.of(batch_size, seq_len)  # ints, or schedules of them (by phase)
+    shapes = Shapes.of(batch_size, seq_len, batch_tokens)  # ints, or schedules of them
+    if batch_tokens is not None and mode == "packed":
+        raise ConfigError("batch_tokens cuts padded and packing batches by a token budget; "
+                          "a packed batch is batch_size x seq_len tokens already: give "
+                          "batch_size (a Schedule of it to change it with the step)")
     prefetch = integer("prefetch", prefetch, least=0)
     integer("seed", seed, least=0)
     integer("pad_token_id", pad_token_id, least=-INT32_END, most=INT32_END - 1)
@@ -45,9 +51,9 @@ def check_options(*, mode: str, batch_size: Any, seq_len: Any, prefetch: int, se
     integer("device", device, least=0, none=True)
     integer("device_budget", device_budget, least=1, none=True)
     integer("cache_limit", cache_limit, least=1, none=True)
-    if mix is not None and not isinstance(mix, Mapping):
-        raise ConfigError(f"mix must be a dict of {{source: weight}} or None, got "
-                          f"{type(mix).__name__}")
+    if mix is not None and not isinstance(mix, (Mapping, Schedule)):
+        raise ConfigError(f"mix must be a dict of {{source: weight}}, a Schedule of them, or "
+                          f"None, got {type(mix).__name__}")
     for b, t in zip(shapes.sizes, shapes.lens):
         check_batch_memory(mode=mode, batch_size=b, seq_len=t, prefetch=prefetch,
                            chunk_batches=chunk_batches)

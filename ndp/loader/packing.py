@@ -53,33 +53,54 @@ def _phase(starts, batch):  # pragma: no cover - compiled
 
 
 @cpu_kernel
-def _count_batches(lengths, starts, sizes, lens):  # pragma: no cover - compiled
+def _budget_end(lengths, at, budget, row_len):  # pragma: no cover - compiled
+    """Where a batch from ``at`` cut by a token budget ends: whole examples (each cut to
+    ``row_len``) while they fit ``budget``, at least one."""
+    used = 0
+    i = at
+    while i < lengths.shape[0]:
+        m = min(lengths[i], row_len)
+        if i > at and used + m > budget:
+            break
+        used += m
+        i += 1
+    return i
+
+
+@cpu_kernel
+def _count_batches(lengths, starts, sizes, lens, budgets, batch_of):  # pragma: no cover
     n = lengths.shape[0]
     at = 0
     count = 0
     while at < n:
         p = _phase(starts, count)
-        rows = sizes[p]
-        row_len = lens[p]
-        r = 0
-        c = 0
-        i = at
-        while i < n:
-            m = min(lengths[i], row_len)
-            if c + m > row_len:
-                r += 1
-                c = 0
-            if r == rows:
-                break
-            c += m
-            i += 1
-        at = max(i, at + 1)
+        if budgets[p] > 0:
+            i = _budget_end(lengths, at, budgets[p], lens[p])
+        else:
+            rows = sizes[p]
+            row_len = lens[p]
+            r = 0
+            c = 0
+            i = at
+            while i < n:
+                m = min(lengths[i], row_len)
+                if c + m > row_len:
+                    r += 1
+                    c = 0
+                if r == rows:
+                    break
+                c += m
+                i += 1
+        end = max(i, at + 1)
+        if batch_of.shape[0]:
+            batch_of[at:end] = count
+        at = end
         count += 1
     return count
 
 
 @cpu_kernel
-def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens,
+def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets,
                            carry):  # pragma: no cover - compiled
     for i in range(lengths.shape[0]):
         if not take[i]:
@@ -89,9 +110,19 @@ def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens,
             carry[2, k] = 1
             carry[0, k] = 0
             carry[1, k] = 0
+            carry[3, k] = 0
         p = _phase(starts, carry[2, k] - 1)  # the open batch's shape
         row_len = lens[p]
         m = min(lengths[i], row_len)
+        if budgets[p] > 0:  # a token budget: examples while they fit it, at least one
+            if carry[0, k] > 0 and carry[3, k] + m > budgets[p]:
+                carry[2, k] += 1
+                m = min(lengths[i], lens[_phase(starts, carry[2, k] - 1)])
+                carry[0, k] = 0
+                carry[3, k] = 0
+            carry[0, k] += 1
+            carry[3, k] += m
+            continue
         r = carry[0, k]
         c = carry[1, k]
         if c + m > row_len:
@@ -147,19 +178,41 @@ def segments(lengths: np.ndarray, where_row: np.ndarray, *, rows: int,
     return np.concatenate([[0], ends[:k]]).astype(np.int32)
 
 
-def count_batches(lengths: np.ndarray, shapes: Shapes) -> int:
+def count_batches(lengths: np.ndarray, shapes: Shapes, batch_of: np.ndarray | None = None
+                  ) -> int:
     """How many batches the examples ``lengths`` fill when placed in order as ``plan`` places
-    them, batch ``k`` in ``B_k`` rows of ``T_k`` (``shapes``, ``ndp.loader.shapes``; each
-    batch takes at least one example)."""
-    return int(_count_batches(np.ascontiguousarray(lengths, np.int64), *shapes.arrays()))
+    them, batch ``k`` in ``B_k`` rows of ``T_k`` or cut by its token budget (``shapes``,
+    ``ndp.loader.shapes``; each batch takes at least one example). ``batch_of``: filled with
+    each example's batch, if given."""
+    out = np.zeros(0, np.int64) if batch_of is None else batch_of
+    return int(_count_batches(np.ascontiguousarray(lengths, np.int64), *shapes.arrays(), out))
+
+
+def budget_ends(lengths: np.ndarray, *, budget: int, row_len: int, most: int) -> np.ndarray:
+    """The ends of up to ``most`` batches of examples ``lengths`` cut by a token budget (whole
+    examples, each cut to ``row_len``, while they fit ``budget``; at least one a batch),
+    from the first example on; the last ends at the last example if they run out first."""
+    lengths = np.ascontiguousarray(lengths, np.int64)
+    ends = []
+    at = 0
+    while at < lengths.shape[0] and len(ends) < most:
+        at = int(_budget_end(lengths, at, budget, row_len))
+        ends.append(at)
+    return np.array(ends, np.int64)
 
 
 def count_batches_by_rank(lengths: np.ndarray, take: np.ndarray, ranks: int, shapes: Shapes,
                           carry: np.ndarray) -> None:
     """``count_batches`` of ``ranks`` interleaved streams at once, fed a piece at a time:
     element ``i`` of ``lengths`` belongs to stream ``i % ranks`` and is one of its examples
-    where ``take[i]``. ``carry`` (int64, 3 x ``ranks``: each stream's row and column in its
-    open batch, and its batches so far) goes from piece to piece, so that ``carry[2]`` is, per
-    stream, ``count_batches`` of all its examples however they were cut."""
+    where ``take[i]``. ``carry`` (int64, 4 x ``ranks``, ``new_carry``: each stream's row and
+    column in its open batch, its batches so far, and the open batch's tokens) goes from
+    piece to piece, so that ``carry[2]`` is, per stream, ``count_batches`` of all its
+    examples however they were cut."""
     _count_batches_by_rank(np.ascontiguousarray(lengths, np.int64),
                            np.ascontiguousarray(take, np.bool_), ranks, *shapes.arrays(), carry)
+
+
+def new_carry(ranks: int) -> np.ndarray:
+    """The ``carry`` of ``count_batches_by_rank`` before any example."""
+    return np.zeros((4, ranks), np.int64)

@@ -48,7 +48,6 @@ from ndp.loader.order import (
     drop_mask,
     epoch_order,
     epoch_windows,
-    mix,
     packets_at_once,
     rank_share,
 )
@@ -58,7 +57,7 @@ from ndp.loader.share import RankOrder, Share
 from ndp.loader.shapes import Shapes
 from ndp.loader.steps import RunSteps
 from ndp.loader.shared_count import epoch_count
-from ndp.loader.sources import mix_sources
+from ndp.loader.sources import Mixing
 from ndp.store.corpus import Corpus
 from ndp.wire.format import INDEX_ENTRY_DTYPE
 
@@ -66,15 +65,15 @@ from ndp.wire.format import INDEX_ENTRY_DTYPE
 ENTRY_BYTES = INDEX_ENTRY_DTYPE.itemsize
 
 
-class Plan(Reach, RunSteps):
+class Plan(Reach, RunSteps, Mixing):
     """This rank's share of each epoch and the chunks of it (see the module docstring)."""
 
     def __init__(self, corpus: Corpus, *, mode: str, batch_size: Any, seq_len: Any,
                  shuffle: bool, seed: int, rank: int, world_size: int, crc_drop_rate: float,
                  mix: dict | None, mix_by: str, mix_size: str | int = "shortest",
-                 shuffle_window: int | str = WINDOW_BYTES) -> None:
+                 shuffle_window: int | str = WINDOW_BYTES, batch_tokens: Any = None) -> None:
         self.corpus, self.mode = corpus, mode
-        self._set_shapes(batch_size, seq_len)
+        self._set_shapes(batch_size, seq_len, batch_tokens)
         #: the run step of each epoch's first batch, where known (``start_step``)
         self._starts: dict[int, int] = {0: 0}
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
@@ -87,7 +86,7 @@ class Plan(Reach, RunSteps):
         self._shares: dict[int, Share] = {}
         self._batches: dict[int, int] = {}  # each epoch's batch count, once planned
         self._shard_bytes = np.array([s.size for s in corpus.shards], np.int64)
-        self._fit_cache(whole=crc_drop_rate > 0 or mix is not None)
+        self._fit_cache(whole=crc_drop_rate > 0 or mix is not None or self._budget_padded)
         self._memo_share: np.ndarray | None = None
         self._memo: dict[int, int] = {}
         self._blocks_of: np.ndarray | None = None  # the share ``share_tokens`` remembers
@@ -102,6 +101,11 @@ class Plan(Reach, RunSteps):
         #: rank's own share aside): a window's packets (``ndp.loader.epoch``), or the whole
         #: order with mixing or an elastic remainder
         self.peak_plan_elements = 0
+
+    @property
+    def _budget_padded(self) -> bool:
+        """Padded batches cut by a token budget: planned by a pass over the windows."""
+        return self.mode == "padded" and self.shapes.budgeted
 
     def _fit_cache(self, *, whole: bool) -> None:
         """The corpus' entry cache: a share built ``whole`` gathers entries by packet, so it
@@ -120,7 +124,7 @@ class Plan(Reach, RunSteps):
         ``start``: the run step ``epoch`` began at in that run."""
         other = copy.copy(self)
         other.rank, other.world_size = rank, world_size
-        other._set_shapes(batch_size, seq_len)
+        other._set_shapes(batch_size, seq_len, self.tokens_setting)
         other._starts = dict(self._starts)
         if start is not None:
             other._starts = {epoch: start}
@@ -137,7 +141,7 @@ class Plan(Reach, RunSteps):
         self.elastic = remainder
         self._shares, self._batches = {}, {}
         self._fit_cache(whole=remainder is not None or self.crc_drop_rate > 0
-                        or self._mix_keys is not None)
+                        or self._mix_keys is not None or self._budget_padded)
 
     def plan_ahead(self, epoch: int) -> None:
         """Plan ``epoch`` ahead, on the plan's thread (``ndp-plan``; one at most, ending when
@@ -208,7 +212,9 @@ class Plan(Reach, RunSteps):
             if have is not None:
                 return self.share(epoch)
         rest = self.elastic if self.elastic is not None and self.elastic.epoch == epoch else None
-        lazy = rest is None and self._mix_keys is None and self.crc_drop_rate == 0
+        # padded batches cut by a token budget are counted by the pass over the windows
+        lazy = (rest is None and self._mix_keys is None and self.crc_drop_rate == 0
+                and not self._budget_padded)
         if lazy:
             share = self._share_lazy(epoch)
         elif rest is None and self._mix_keys is None:  # a pass over the windows (ndp.loader.epoch)
@@ -322,37 +328,10 @@ class Plan(Reach, RunSteps):
         return Share(packets, m, Count(batches), n_dropped, unused, again,
                      self.place_packets(kept[m:]), again_given)
 
-    def _kept(self, order: np.ndarray, dropped: np.ndarray, epoch: int,
-              rank: int) -> tuple[np.ndarray, int, dict, dict]:
-        """Rank ``rank``'s packets of the epoch's ``order`` after CRC-Drop and mixing, how many
-        CRC-Drop removed, and per source how many packets mixing left unused and took again."""
-        share = rank_share(order, rank, self.world_size)
-        kept = share[~dropped[share]]
-        unused_by_source: dict[str, int] = {}
-        again_by_source: dict[str, int] = {}
-        if self._mix_keys is not None:
-            key = self._source_key(kept)
-            parts = [kept[key == k] for k in range(len(self._mix_names))]
-            size = self.mix_size
-            if not isinstance(size, str):  # packets per epoch, all ranks: this rank's part
-                size = size // self.world_size + (rank < size % self.world_size)
-            kept, unused, again = mix(parts, self._mix_weights, seed=self.seed, epoch=epoch,
-                                      rank=rank, size=size)
-            # in packets: a place of packed mode's order holds a document (``units``)
-            for g, (name, part) in enumerate(zip(self._mix_names, parts)):
-                used = part.shape[0] - int(unused[g]) + int(again[g])
-                if unused[g]:
-                    unused_by_source[name] = self.place_packets(part[used:])
-                if again[g]:
-                    taken = np.arange(part.shape[0], used) % part.shape[0]
-                    again_by_source[name] = self.place_packets(part[taken])
-        return kept, self.place_packets(share[dropped[share]]), unused_by_source, \
-            again_by_source
-
     def batches_of(self, share: np.ndarray, shapes: Shapes) -> int:
         """Batches ``share`` makes by the index's token counts (what it makes when nothing in
         it is corrupt), with ``shapes`` from its first batch."""
-        if self.mode == "padded":
+        if self.mode == "padded" and not shapes.budgeted:
             return shapes.padded_batches(share.shape[0])
         tokens = self.corpus.tokens[share]
         if self.mode == "packed":
@@ -360,16 +339,6 @@ class Plan(Reach, RunSteps):
                 tokens = units.place_tokens(self.corpus, share, tokens)
             return shapes.packed_batches(int(tokens.sum()))
         return count_batches(tokens, shapes)
-
-    def by_source(self, share: np.ndarray, counted: dict) -> None:
-        """Turn a batch's ``_range`` of newly counted share positions into packets per source
-        (mixing only)."""
-        a, b = counted.pop("_range", (0, 0))
-        if self._mix_keys is not None and b > a:
-            places = share[a:b]
-            n = np.bincount(self._source_key(places), minlength=len(self._mix_names),
-                            weights=self.place_sizes(places)).astype(np.int64)
-            counted["sources"] = {name: int(k) for name, k in zip(self._mix_names, n) if k}
 
     def place_sizes(self, places: np.ndarray) -> np.ndarray:
         """The packets each place holds (``ndp.loader.units``: packed mode's documents;
@@ -379,18 +348,15 @@ class Plan(Reach, RunSteps):
             return units.place_sizes(self.corpus, places)
         return np.ones(places.shape[0], np.int64)
 
+    def place_tokens(self, places: np.ndarray) -> np.ndarray:
+        """The index tokens each place holds (``ndp.loader.units``: packed mode's
+        documents)."""
+        places = np.asarray(places, np.int64)
+        tokens = np.asarray(self.corpus.tokens[places], np.int64)
+        if units.active(self.corpus, self.mode):
+            tokens = units.place_tokens(self.corpus, places, tokens)
+        return tokens
+
     def place_packets(self, places: np.ndarray) -> int:
         """The packets the places hold, together."""
         return int(self.place_sizes(places).sum())
-
-    # ------------------------------------------------------------------------------ mixing
-    def _setup_mix(self, weights: dict | None, mix_by: str) -> None:
-        """Sources and their weights (``ndp.loader.sources.mix_sources``)."""
-        self._mix_by = mix_by
-        self._mix_names, self._mix_weights, self._mix_keys, self.mix_spec = mix_sources(
-            self.corpus, weights, mix_by)
-
-    def _source_key(self, packets: np.ndarray) -> np.ndarray:
-        """Mixing source number of each packet."""
-        raw = self.corpus.group[packets] if self._mix_by == "group" else self.corpus.src[packets]
-        return self._mix_keys[raw]

@@ -106,11 +106,16 @@ class Producer:
         end: dict = {}
         plan.corpus.will_read(share, pos, end=sh.length)  # remote shards: fetched in this order
         while pos < n:
+            shape = shapes.at(done)
+            if done and not shapes.constant and shape != shapes.at(done - 1):
+                # a new shape: its chunks start small again (1, 2, 4, ...), as an epoch's do,
+                # so that the chunk cut short before the change is not followed by a whole
+                # chunk's decode, which a consumer would wait for
+                self._size = 1
             step = self._next_size(sh.count, done, stop.is_set)
             if step is None:
                 break
             size, last = step
-            shape = shapes.at(done)
             change = shapes.phase_end(done)  # a chunk holds one shape: it ends before a change
             if change is not None and done + size > change:
                 size, last = change - done, False
@@ -122,7 +127,8 @@ class Producer:
             # packed: the chunk that makes the epoch's last batch reads to the share's end when
             # that is all it needs, so that the leftover packets are decoded and counted
             own_end = sh.length if plan.mode == "packed" and last else None
-            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size, own_end, shape)
+            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size, own_end, shape,
+                                       shapes.budget_at(done))
             self._size = min(2 * self._size, self.chunks.per_chunk(*shape))
             layout = chunk.layout
             for batch in layout.batches:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ndp.loader import units
-from ndp.loader.packing import plan as place
+from ndp.loader.packing import budget_ends, plan as place
 from ndp.store.columns import tokens_of
 
 #: share positions whose token counts ``Reach.share_tokens`` gathers at once
@@ -30,12 +30,14 @@ class Reach:
     _blocks: dict
 
     def chunk_end(self, share: np.ndarray, pos: int, tok: int, batches: int,
-                  shape: tuple[int, int]) -> int:
-        """The share position where a chunk of ``batches`` batches of ``shape`` (B, T) from
-        ``(pos, tok)`` ends, by the index's token counts."""
+                  shape: tuple[int, int], budget: int = 0) -> int:
+        """The share position where a chunk of ``batches`` batches of ``shape`` (B, T; or
+        cut by a token ``budget``) from ``(pos, tok)`` ends, by the index's token counts."""
         n = share.shape[0]
         B, T = shape
         if self.mode == "padded":
+            if budget:
+                return self.budget_end(share, pos, batches, budget, T)
             return min(pos + batches * B, n)
         if self.mode == "packed":
             need = tok + batches * B * T + 1
@@ -60,8 +62,21 @@ class Reach:
         for _ in range(batches):  # packing: a batch takes its candidates when all are valid
             if at >= n:
                 break
-            at = self.candidates(share, at, shape)
+            at = self.candidates(share, at, shape, budget)
         return min(at, n)
+
+    def budget_end(self, share: np.ndarray, pos: int, batches: int, budget: int,
+                   row_len: int) -> int:
+        """Where ``batches`` batches cut by a token ``budget`` from share position ``pos``
+        end (``ndp.loader.packing.budget_ends``), reading as far ahead as they need."""
+        n = share.shape[0]
+        cap = 64 * batches
+        while True:
+            window = self.share_tokens(share, pos, pos + cap)
+            ends = budget_ends(window, budget=budget, row_len=row_len, most=batches)
+            if pos + cap >= n or (ends.shape[0] == batches and ends[-1] < window.shape[0]):
+                return pos + int(ends[-1]) if ends.shape[0] else pos
+            cap *= 2
 
     def share_tokens(self, share: np.ndarray, a: int, b: int) -> np.ndarray:
         """The index token counts of ``share[a:b]``, gathered ``TOKEN_BLOCK`` positions at a
@@ -102,11 +117,14 @@ class Reach:
         joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return joined[a - first * TOKEN_BLOCK: b - first * TOKEN_BLOCK]
 
-    def candidates(self, share: np.ndarray, at: int, shape: tuple[int, int]) -> int:
-        """Packing: the end of the candidates of the batch of ``shape`` (B rows of L) that
-        starts at share position ``at``: the packets whose index lengths fill its rows (at
-        least one). Remembered for the share last asked about: a chunk's plan and its layout
-        ask for the same positions."""
+    def candidates(self, share: np.ndarray, at: int, shape: tuple[int, int],
+                   budget: int = 0) -> int:
+        """Packing: the end of the candidates of the batch of ``shape`` (B rows of L, or a
+        token ``budget``) that starts at share position ``at``: the packets whose index
+        lengths fill its rows or its budget (at least one). Remembered for the share last
+        asked about: a chunk's plan and its layout ask for the same positions."""
+        if budget:
+            return self.budget_end(share, at, 1, budget, shape[1])
         if self._memo_share is not share:
             self._memo_share, self._memo = share, {}
         key = (at, *shape)

@@ -132,7 +132,7 @@ class Ring:
         """The consumer still holds batches of ``slot``'s last chunk: those buffers are theirs
         now; the slot allocates new ones when it is next filled."""
         size = sum(int(getattr(b, "nbytes", 0)) for b in slot.outputs.values())
-        slot.outputs, slot.out_key, slot.out_caps = {}, (), (0, 0)
+        slot.outputs, slot.flat, slot.out_key, slot.out_caps = {}, {}, (), (0, 0)
         slot.generation += 1
         self.engine.counters.held_chunks += 1
         if not self._warned:

@@ -33,22 +33,57 @@ from ndp.loader.schedule import Schedule
 
 
 class Shapes:
-    """``(B, T)`` from each phase's first step on (module docstring)."""
+    """``(B, T)`` from each phase's first step on (module docstring); with a token budget
+    (``budgets``, 0: none) a batch takes whole examples while their tokens, each cut to ``T``,
+    fit it (``B`` is then only the rows a budget's batch is sized for: ``budget // T``)."""
 
-    __slots__ = ("starts", "sizes", "lens", "_origin")
+    __slots__ = ("starts", "sizes", "lens", "budgets", "_origin")
 
     def __init__(self, starts: list[int], sizes: list[int], lens: list[int],
-                 origin: int = 0) -> None:
+                 budgets: list[int] | None = None, origin: int = 0) -> None:
         self.starts, self.sizes, self.lens = tuple(starts), tuple(sizes), tuple(lens)
+        self.budgets = tuple(budgets) if budgets is not None else (0,) * len(self.starts)
         self._origin = origin  # the run step of step 0 (an epoch's ``after``)
 
     @classmethod
-    def of(cls, batch_size: Any, seq_len: Any) -> Shapes:
-        """A run's shapes from ``batch_size`` and ``seq_len``, each an int or a ``Schedule``
-        of ints >= 1 (checked: ``ConfigError`` naming the option and phase)."""
-        b, t = shape_schedule("batch_size", batch_size), shape_schedule("seq_len", seq_len)
-        starts = sorted(set(b.steps) | set(t.steps))
-        return cls(starts, [b.at(s) for s in starts], [t.at(s) for s in starts])
+    def of(cls, batch_size: Any, seq_len: Any, batch_tokens: Any = None) -> Shapes:
+        """A run's shapes from ``batch_size`` (or ``batch_tokens``, the token budget of a
+        batch) and ``seq_len``, each an int or a ``Schedule`` of ints >= 1 (checked:
+        ``ConfigError`` naming the option and phase)."""
+        t = shape_schedule("seq_len", seq_len)
+        if (batch_size is None) == (batch_tokens is None):
+            raise ConfigError("give batch_size (rows a batch) or batch_tokens (tokens a "
+                              "batch, padded and packing mode), one of them")
+        if batch_tokens is None:
+            b = shape_schedule("batch_size", batch_size)
+            starts = sorted(set(b.steps) | set(t.steps))
+            return cls._merged(starts, [b.at(s) for s in starts], [t.at(s) for s in starts],
+                               [0] * len(starts))
+        k = shape_schedule("batch_tokens", batch_tokens)
+        starts = sorted(set(k.steps) | set(t.steps))
+        lens, budgets = [t.at(s) for s in starts], [k.at(s) for s in starts]
+        return cls._merged(starts, [max(1, x // y) for x, y in zip(budgets, lens)], lens,
+                           budgets)
+
+    @classmethod
+    def _merged(cls, starts: list[int], sizes: list[int], lens: list[int],
+                budgets: list[int]) -> Shapes:
+        """The phases with a phase that repeats the one before it left out: a change of
+        shape is where the shape changes (a chunk is cut there, and nowhere else)."""
+        keep = [i for i in range(len(starts))
+                if i == 0 or (sizes[i], lens[i], budgets[i]) != (sizes[i - 1], lens[i - 1],
+                                                                 budgets[i - 1])]
+        return cls([starts[i] for i in keep], [sizes[i] for i in keep],
+                   [lens[i] for i in keep], [budgets[i] for i in keep])
+
+    @property
+    def budgeted(self) -> bool:
+        """Batches are cut by a token budget (``batch_tokens``)."""
+        return any(self.budgets)
+
+    def budget_at(self, step: int) -> int:
+        """The token budget of step ``step``'s batch (0: none, ``B`` rows)."""
+        return self.budgets[self._phase(step)]
 
     @property
     def constant(self) -> bool:
@@ -74,7 +109,8 @@ class Shapes:
             return self
         k = self._phase(start)
         starts = [0] + [s - start for s in self.starts[k + 1:]]
-        return Shapes(starts, self.sizes[k:], self.lens[k:], self._origin + start)
+        return Shapes(starts, self.sizes[k:], self.lens[k:], self.budgets[k:],
+                      self._origin + start)
 
     @property
     def largest(self) -> tuple[int, int]:
@@ -85,14 +121,16 @@ class Shapes:
         """The most of ``per_phase(B, T)`` over the phases."""
         return max(per_phase(b, t) for b, t in zip(self.sizes, self.lens))
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(starts, sizes, lens)`` as int64 arrays (compiled counts take them)."""
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(starts, sizes, lens, budgets)`` as int64 arrays (compiled counts take them)."""
         return (np.array(self.starts, np.int64), np.array(self.sizes, np.int64),
-                np.array(self.lens, np.int64))
+                np.array(self.lens, np.int64), np.array(self.budgets, np.int64))
 
     def record(self) -> list[list[int]]:
-        """JSON: ``[[first step, B, T], ...]`` (a shared count's key, ``ndp.loader.shared_count``)."""
-        return [[s, b, t] for s, b, t in zip(self.starts, self.sizes, self.lens)]
+        """JSON: ``[[first step, B, T], ...]``, ``[first step, B, T, budget]`` where a phase
+        has a budget (a shared count's key, ``ndp.loader.shared_count``)."""
+        return [[s, b, t, k] if k else [s, b, t]
+                for s, b, t, k in zip(self.starts, self.sizes, self.lens, self.budgets)]
 
     # ------------------------------------------------------------------------------ counts
     def _spans(self) -> Any:
@@ -164,7 +202,7 @@ class Shapes:
         return isinstance(other, Shapes) and self.record() == other.record()
 
     def __hash__(self) -> int:
-        return hash((self.starts, self.sizes, self.lens))
+        return hash((self.starts, self.sizes, self.lens, self.budgets))
 
     def __repr__(self) -> str:
         return f"Shapes({self.record()})"

@@ -1,5 +1,6 @@
 """Mixing's sources: the shard groups or SRC types of a corpus, each with its weight
-(``ndp.loader.order.mix`` interleaves a rank's share by them)."""
+(``ndp.loader.order.mix`` interleaves a rank's share by them, or with weights that change with
+the step ``ndp.loader.mix_schedule``), and a ``Plan``'s mixing of a rank's share (``Mixing``)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,23 @@ import numpy as np
 
 from ndp.checks import real
 from ndp.errors import ConfigError
-from ndp.loader.order import mix
+from ndp.loader.mix_schedule import read_schedule
+from ndp.loader.order import mix, rank_share
+from ndp.loader.schedule import Schedule
 
 
-def mix_sources(corpus: Any, weights: dict | None, mix_by: str
-                ) -> tuple[list[str], np.ndarray | None, np.ndarray | None, list | None]:
-    """The sources of ``weights`` (``{source: weight}``, ``None``: no mixing) by ``mix_by``
-    (``"group"`` or ``"src"``): their sorted names, weights, a lookup from a packet's group
-    or SRC to its source number, and the spec a state records. Every source present in the
-    corpus must have a weight (0 leaves it out on purpose), so no packet is left out
-    silently; ``ConfigError`` names what is wrong."""
+def mix_sources(corpus: Any, weights: Any, mix_by: str
+                ) -> tuple[list[str], np.ndarray | None, np.ndarray | None, Any, Any]:
+    """The sources of ``weights`` (``{source: weight}``, a ``Schedule`` of such dicts, or
+    ``None``: no mixing) by ``mix_by`` (``"group"`` or ``"src"``): their sorted names, weights
+    (a schedule's first phase's), a lookup from a packet's group or SRC to its source number,
+    the spec a state records, and the ``MixSchedule`` (``None`` for fixed weights). Every
+    source present in the corpus must have a weight (0 leaves it out on purpose), so no packet
+    is left out silently; ``ConfigError`` names what is wrong (and the phase)."""
     if mix_by not in ("group", "src"):
         raise ConfigError(f"mix_by must be 'group' or 'src', got {mix_by!r}")
     if weights is None:
-        return [], None, None, None
+        return [], None, None, None, None
     if mix_by == "group":
         present: dict[str, Any] = {name: g for g, name in enumerate(corpus.groups)}
     else:
@@ -34,23 +38,121 @@ def mix_sources(corpus: Any, weights: dict | None, mix_by: str
                 present[Src(v).name] = v
             except ValueError:
                 present[str(v)] = v
+
+    def check_phase(what: str, given: dict) -> tuple[list[str], np.ndarray]:
+        named = _named(given, present, mix_by, what)
+        names = sorted(named)
+        row = np.array([named[n] for n in names])
+        mix([np.zeros(0, np.int64)] * len(names), row, seed=0, epoch=0, rank=0)  # checks
+        return names, row
+
+    schedule = None
+    if isinstance(weights, Schedule) and weights.constant:
+        weights = weights.values[0]
+    if isinstance(weights, Schedule):
+        schedule = read_schedule(weights, check_phase)
+        names, mix_weights, spec = schedule.names, schedule.table[0], schedule.spec()
+    else:
+        names, mix_weights = check_phase("mix", weights)
+        spec = [[n, float(w)] for n, w in zip(names, mix_weights)]
+    values = np.array([present[n] for n in names], np.int64)
+    lookup = np.full(256 if mix_by == "src" else len(corpus.groups), -1, np.int64)
+    lookup[values] = np.arange(values.shape[0])
+    return names, mix_weights, lookup, spec, schedule
+
+
+def _named(weights: dict, present: dict, mix_by: str, what: str) -> dict[str, float]:
+    """``{source name: weight}`` of one dict of weights, every source of the corpus named."""
+    if not isinstance(weights, dict):
+        raise ConfigError(f"{what} must be a dict of {{source: weight}}, got "
+                          f"{type(weights).__name__}")
     named = {}
     for key, w in weights.items():
         name = key.name if hasattr(key, "name") else str(key)
         if isinstance(key, int) and mix_by == "src" and not hasattr(key, "name"):
             name = next((n for n, v in present.items() if v == key), str(key))
         if name not in present:
-            raise ConfigError(f"mix names {key!r}, which is not a {mix_by} of this corpus "
+            raise ConfigError(f"{what} names {key!r}, which is not a {mix_by} of this corpus "
                               f"(it has {sorted(present)})")
-        named[name] = real(f"the mix weight of {key!r}", w, least=0.0)
+        named[name] = real(f"the {what} weight of {key!r}", w, least=0.0)
     missing = sorted(set(present) - set(named))
     if missing:
-        raise ConfigError(f"mix gives no weight to {missing}; give each {mix_by} a weight "
+        raise ConfigError(f"{what} gives no weight to {missing}; give each {mix_by} a weight "
                           f"(0 to leave it out on purpose)")
-    names = sorted(named)
-    mix_weights = np.array([named[n] for n in names])
-    values = np.array([present[n] for n in names], np.int64)
-    lookup = np.full(256 if mix_by == "src" else len(corpus.groups), -1, np.int64)
-    lookup[values] = np.arange(values.shape[0])
-    mix([np.zeros(0, np.int64)] * len(values), mix_weights, seed=0, epoch=0, rank=0)  # checks
-    return names, mix_weights, lookup, [[n, named[n]] for n in names]
+    return named
+
+
+class Mixing:
+    """A ``Plan``'s mixing: its sources (``_setup_mix``), a rank's share drawn from them
+    (``_kept``) and a batch's packets per source (``by_source``). The plan gives ``corpus``,
+    ``mode``, ``seed``, ``world_size``, ``mix_size``, ``place_packets``, ``place_sizes``,
+    ``place_tokens``, ``shapes_of`` and ``start_step``."""
+
+    corpus: Any
+    mode: str
+    seed: int
+    world_size: int
+    mix_size: Any
+    place_packets: Any
+    place_sizes: Any
+    place_tokens: Any
+    shapes_of: Any
+    start_step: Any
+
+    def _setup_mix(self, weights: dict | None, mix_by: str) -> None:
+        """Sources and their weights (``ndp.loader.sources.mix_sources``)."""
+        self._mix_by = mix_by
+        self._mix_names, self._mix_weights, self._mix_keys, self.mix_spec, \
+            self._mix_schedule = mix_sources(self.corpus, weights, mix_by)
+        if self._mix_schedule is not None and self.mix_size == "longest":
+            raise ConfigError(
+                "mix_size='longest' with a mix schedule: which source must be used whole "
+                "changes with the weights; use 'shortest' or a number of packets per epoch")
+
+    def _source_key(self, packets: np.ndarray) -> np.ndarray:
+        """Mixing source number of each packet."""
+        raw = self.corpus.group[packets] if self._mix_by == "group" else self.corpus.src[packets]
+        return self._mix_keys[raw]
+
+    def _kept(self, order: np.ndarray, dropped: np.ndarray, epoch: int,
+              rank: int) -> tuple[np.ndarray, int, dict, dict]:
+        """Rank ``rank``'s packets of the epoch's ``order`` after CRC-Drop and mixing, how many
+        CRC-Drop removed, and per source how many packets mixing left unused and took again."""
+        share = rank_share(order, rank, self.world_size)
+        kept = share[~dropped[share]]
+        unused_by_source: dict[str, int] = {}
+        again_by_source: dict[str, int] = {}
+        if self._mix_keys is not None:
+            key = self._source_key(kept)
+            parts = [kept[key == k] for k in range(len(self._mix_names))]
+            size = self.mix_size
+            if not isinstance(size, str):  # packets per epoch, all ranks: this rank's part
+                size = size // self.world_size + (rank < size % self.world_size)
+            if self._mix_schedule is None:
+                kept, unused, again = mix(parts, self._mix_weights, seed=self.seed,
+                                          epoch=epoch, rank=rank, size=size)
+            else:  # each place drawn with the weights of the step it lands in
+                kept, unused, again = self._mix_schedule.draw(
+                    parts, [self.place_tokens(p) for p in parts], seed=self.seed, epoch=epoch,
+                    rank=rank, size=size, mode=self.mode, shapes=self.shapes_of(epoch),
+                    start=self.start_step(epoch))
+            # in packets: a place of packed mode's order holds a document (``units``)
+            for g, (name, part) in enumerate(zip(self._mix_names, parts)):
+                used = part.shape[0] - int(unused[g]) + int(again[g])
+                if unused[g]:
+                    unused_by_source[name] = self.place_packets(part[used:])
+                if again[g]:
+                    taken = np.arange(part.shape[0], used) % part.shape[0]
+                    again_by_source[name] = self.place_packets(part[taken])
+        return kept, self.place_packets(share[dropped[share]]), unused_by_source, \
+            again_by_source
+
+    def by_source(self, share: np.ndarray, counted: dict) -> None:
+        """Turn a batch's ``_range`` of newly counted share positions into packets per source
+        (mixing only)."""
+        a, b = counted.pop("_range", (0, 0))
+        if self._mix_keys is not None and b > a:
+            places = share[a:b]
+            n = np.bincount(self._source_key(places), minlength=len(self._mix_names),
+                            weights=self.place_sizes(places)).astype(np.int64)
+            counted["sources"] = {name: int(k) for name, k in zip(self._mix_names, n) if k}

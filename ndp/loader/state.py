@@ -29,6 +29,7 @@ from ndp.loader.plan import Plan
 
 #: the settings a state must have been made with, besides the dataset
 SETTINGS = ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
+            "batch_tokens",
             "crc_drop_rate", "n_packets", "mix", "vocab_size", "mix_size", "order",
             "shuffle_window")
 #: state versions before the current one that are still read (see ``check_state``)
@@ -128,12 +129,12 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
     for key in SETTINGS:
         if key == "vocab_size" and version in (1, 2):
             continue  # older states did not record it
-        if key == "mix_size" and key not in state and mine[key] == "shortest":
+        if key == "mix_size" and key not in state and mine.get(key) == "shortest":
             continue  # states before mix_size existed mixed this way
         if key in ("order", "shuffle_window") and version in OLDER or (
                 key == "order" and old_order):
             continue  # refused above where the order matters
-        if state.get(key) != mine[key]:
+        if state.get(key) != mine.get(key):
             elastic = (" (to continue its epoch on another number of ranks or another batch "
                        "shape, pass the states of all its ranks as a list, or this one with "
                        "elastic=True in padded and packing mode: ndp.loader.elastic)"
@@ -141,7 +142,7 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
                            key == "rank" and state.get("world_size") != mine["world_size"])
                        else "")
             raise LoaderStateError(f"loader state has {key}={state.get(key)!r}, this loader "
-                                   f"{mine[key]!r}; resume with the same settings and "
+                                   f"{mine.get(key)!r}; resume with the same settings and "
                                    f"shards{elastic}")
     epoch, pos, tok = _int(state, "epoch"), _int(state, "pos"), _int(state, "tok")
     if epoch < 0:

@@ -21,11 +21,12 @@ class RunSteps:
     _starts: dict[int, int]
     epoch_batches: Any
 
-    def _set_shapes(self, batch_size: Any, seq_len: Any) -> None:
+    def _set_shapes(self, batch_size: Any, seq_len: Any, batch_tokens: Any = None) -> None:
         """``shapes``: the batch shape of every run step (``ndp.loader.shapes``);
         ``batch_size`` and ``seq_len``: the first step's."""
         self.batch_setting, self.len_setting = batch_size, seq_len
-        self.shapes = Shapes.of(batch_size, seq_len)
+        self.tokens_setting = batch_tokens
+        self.shapes = Shapes.of(batch_size, seq_len, batch_tokens)
         self.batch_size, self.seq_len = self.shapes.at(0)
 
     def set_start(self, epoch: int, step: int) -> None:
@@ -53,3 +54,42 @@ class RunSteps:
         """``epoch``'s batch shapes, from its first batch (one shape: the run's, whatever the
         epoch's first step)."""
         return self.shapes if self.shapes.constant else self.shapes.after(self.start_step(epoch))
+
+
+class StepViews:
+    """A ``Loader``'s view of the run's steps: ``step`` and the next batch's shape (the
+    Loader gives ``plan``, ``epoch`` and ``_state``)."""
+
+    plan: Any
+    epoch: int
+    _state: dict
+
+    @property
+    def step(self) -> int:
+        """The run step of the next batch: the batches delivered before it since the start of
+        training, across epochs (resumes included), the same on every rank. Schedules
+        (``ndp.Schedule``) are keyed by it."""
+        return self.plan.start_step(self.epoch) + self._state["batch"]
+
+    @property
+    def batch_size(self) -> int | None:
+        """The next batch's ``batch_size`` (``batch_size=`` if it is an int; a schedule's
+        value at ``step``; None where batches are cut by ``batch_tokens``)."""
+        return None if self.plan.shapes.budgeted else self._shape()[0]
+
+    @property
+    def batch_tokens(self) -> int | None:
+        """The next batch's token budget (``batch_tokens=``; None: batches of
+        ``batch_size`` rows)."""
+        shapes = self.plan.shapes
+        return shapes.budget_at(self.step) if shapes.budgeted else None
+
+    @property
+    def seq_len(self) -> int:
+        """The next batch's ``seq_len`` (``seq_len=`` if it is an int; a schedule's value at
+        ``step``)."""
+        return self._shape()[1]
+
+    def _shape(self) -> tuple[int, int]:
+        shapes = self.plan.shapes
+        return shapes.at(0) if shapes.constant else shapes.at(self.step)

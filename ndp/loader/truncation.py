@@ -56,6 +56,22 @@ def cut_of(tokens: np.ndarray, seq_len: int | np.ndarray) -> Cut:
     return Cut(int(tokens.sum()), int(over[long].sum()), int(long.sum()), int(tokens.max()))
 
 
+def row_lens(shapes: Any, tokens: np.ndarray) -> int | np.ndarray:
+    """The ``seq_len`` of the row each of a padded share's packets (``tokens`` by the index,
+    in order) lands in: one int for one ``seq_len``, else each packet's batch's
+    (``ndp.loader.shapes``; with a token budget, the batches the index cuts)."""
+    if len(set(shapes.lens)) == 1:
+        return shapes.lens[0]
+    if not shapes.budgeted:
+        return shapes.row_lens(tokens.shape[0])
+    from ndp.loader.packing import count_batches
+
+    batch_of = np.empty(tokens.shape[0], np.int64)
+    count_batches(tokens, shapes, batch_of)
+    phase = np.searchsorted(np.array(shapes.starts), batch_of, side="right") - 1
+    return np.array(shapes.lens, np.int64)[phase]
+
+
 #: a padded epoch of at most this many packets has its cut counted before its first batch
 #: (milliseconds); a larger one reports it at the first batch after the plan's thread counted it
 WAIT_PACKETS = 1 << 20
@@ -106,10 +122,9 @@ class CutReport:
             share.count.counted()
         self._pending = False
         shapes = plan.shapes_of(epoch)
-        cut = share.cut if share.cut is not None else cut_of(
-            plan.corpus.tokens[share.packets[:share.length]],
-            shapes.lens[0] if shapes.constant else shapes.row_lens(share.length))
-        lens = (f"`seq_len={plan.seq_len}`" if plan.shapes.constant else
+        tokens = np.asarray(plan.corpus.tokens[share.packets[:share.length]])
+        cut = share.cut if share.cut is not None else cut_of(tokens, row_lens(shapes, tokens))
+        lens = (f"`seq_len={plan.seq_len}`" if len(set(plan.shapes.lens)) == 1 else
                 f"the rows' `seq_len` ({', '.join(map(str, sorted(set(shapes.lens))))} in "
                 f"this epoch's phases)")
         self.stats.epoch_tokens, self.stats.epoch_truncated_tokens = cut.tokens, cut.truncated

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ndp.loader.order import drop_mask, drop_ranges, epoch_order, epoch_windows, windows
-from ndp.loader.packing import count_batches, count_batches_by_rank
+from ndp.loader.packing import count_batches, count_batches_by_rank, new_carry
 from ndp.loader.shapes import Shapes
 from ndp.loader.plan import Plan
 from ndp.loader.shuffle import permute, round_keys
@@ -239,7 +239,7 @@ def test_batches_counted_per_rank_in_pieces_are_count_batches(rows, row_len):
     ranks = 5
     lengths = rng.integers(0, 40, 3000)
     take = rng.random(3000) < 0.8
-    carry = np.zeros((3, ranks), np.int64)
+    carry = new_carry(ranks)
     cuts = np.sort(rng.choice(np.arange(1, 600), 20, replace=False)) * ranks
     for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [3000]])):
         count_batches_by_rank(lengths[a:b], take[a:b], ranks, Shapes.of(rows, row_len), carry)

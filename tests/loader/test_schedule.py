@@ -324,3 +324,31 @@ def test_loader_step_batch_size_and_seq_len_follow_the_run(data):
     assert (loader.step, loader.batch_size, loader.seq_len) == (8, 3, 16)
     assert ndp.Schedule is Schedule
     assert math.isfinite(loader.remaining) and loader.remaining == len(loader) - 8
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_change_of_shape_allocates_no_output(data, mode, backend):
+    """The ring's outputs are sized for the largest phase at their first chunk: every later
+    shape is a view of the same memory (``Slot.generation`` counts reallocations)."""
+    loader = make(data, mode, backend=backend)
+    seen = set()
+    for batch in loader:
+        seen.add(batch["x" if mode == "packed" else "input_ids"].shape[1])
+    loader.close()
+    assert seen == set(SEQ.values)  # every phase's rows were built
+    assert {slot.generation for slot in loader._ring.slots} <= {0, 1}
+    assert loader.counters.held_chunks == 0
+
+
+def test_the_schedules_guide_runs_as_written(tmp_path, monkeypatch):
+    """docs/guides/schedules.md's recipes, in order, from an empty directory."""
+    from pathlib import Path
+
+    from ndp_test_helpers import markdown_blocks, run_markdown
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "guides" / "schedules.md"
+    monkeypatch.chdir(tmp_path)
+    blocks = markdown_blocks(page.read_text(encoding="utf-8"))
+    assert len(blocks) >= 5
+    run_markdown(blocks, {"__name__": "__docs__"}, "docs/guides/schedules.md")
