@@ -31,7 +31,9 @@ from ndp.loader.shapes import from_setting
 from ndp.loader.state import check_state, seal, state_start
 
 #: settings an earlier run's states may differ in; every other one must match
-MAY_DIFFER = ("rank", "world_size", "batch_size", "seq_len")
+#: the settings of a batch's shape (``ndp.loader.shapes``)
+SHAPE = ("batch_size", "seq_len", "batch_tokens")
+MAY_DIFFER = ("rank", "world_size", *SHAPE)
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def from_states(states: list[dict], mine: dict, plan: Plan) -> Remainder:
             f"the states were saved at different steps (epochs {sorted(epochs)}, batches "
             f"{sorted(steps)}); pass the states every rank saved at one step")
     return remainder(base, epoch=epochs.pop(), world_size=world,
-                     batch_size=old["batch_size"], seq_len=old["seq_len"],
+                     shape={key: old[key] for key in SHAPE},
                      positions=[(p["pos"], p["tok"]) for p in positions],
                      previous=first.get("elastic"), start=state_start(first),
                      step=state_start(first) + steps.pop())
@@ -132,22 +134,24 @@ def _ranks(ranks: list[int]) -> str:
 def _base(plan: Plan, record: Any) -> Plan:
     """``plan`` with the remainder an earlier run was in (``record``), or with none."""
     base = plan.variant(rank=plan.rank, world_size=plan.world_size,
-                        batch_size=plan.batch_setting, seq_len=plan.len_setting)
+                        batch_size=plan.batch_setting, seq_len=plan.len_setting,
+                        batch_tokens=plan.tokens_setting)
     base.set_elastic(None if record is None else from_record(record, plan))
     return base
 
 
-def remainder(plan: Plan, *, epoch: int, world_size: int, batch_size: Any, seq_len: Any,
+def remainder(plan: Plan, *, epoch: int, world_size: int, shape: dict,
               positions: list[tuple[int, int]], previous: Any = None, start: int = 0,
               step: int = 0) -> Remainder:
     """What old ranks ``0..world_size-1`` at ``positions`` (share position, token) had left of
     ``epoch`` (cut by ``plan``, which carries the remainder they were in, ``previous``),
-    merged round robin. ``batch_size``, ``seq_len``: as the old states record them (an int
-    or a schedule's record); ``start``: the run step the old run's epoch began at, ``step``:
+    merged round robin. ``shape``: the old run's ``batch_size``, ``seq_len`` and
+    ``batch_tokens`` as its states record them (an int, a schedule's record, or None);
+    ``start``: the run step the old run's epoch began at, ``step``:
     the one it stopped at."""
     tails, partial_at = [], []
     for rank, (pos, tok) in enumerate(positions):
-        sh = _old(plan, rank, world_size, batch_size, seq_len, start, epoch).share(epoch)
+        sh = _old(plan, rank, world_size, shape, start, epoch).share(epoch)
         tails.append(sh.packets[min(pos, sh.length): sh.length])
         partial_at.append(bool(tok) and pos < sh.length)
     lengths = np.array([t.shape[0] for t in tails], np.int64)
@@ -159,20 +163,23 @@ def remainder(plan: Plan, *, epoch: int, world_size: int, batch_size: Any, seq_l
     where = np.empty(packets.shape[0], np.int64)
     where[order] = np.arange(packets.shape[0])
     partial = np.array([where[first_of[r]] for r, p in enumerate(partial_at) if p], np.int64)
-    record = {"epoch": epoch, "world_size": world_size, "batch_size": batch_size,
-              "seq_len": seq_len, "positions": [[int(p), int(t)] for p, t in positions],
-              "previous": previous}
+    record = {"epoch": epoch, "world_size": world_size,
+              **{k: v for k, v in shape.items() if v is not None or k != "batch_tokens"},
+              "positions": [[int(p), int(t)] for p, t in positions], "previous": previous}
     if (start, step) != (0, 0):  # since states record the run's step (version 5)
         record.update(start=int(start), step=int(step))
     return Remainder(epoch, packets.astype(np.int64), partial, record, step)
 
 
-def _old(plan: Plan, rank: int, world_size: int, batch_size: Any, seq_len: Any, start: int,
-         epoch: int) -> Plan:
+def _old(plan: Plan, rank: int, world_size: int, shape: dict, start: int, epoch: int) -> Plan:
     """``plan`` as an old run's rank ``rank`` cut its epoch ``epoch``, begun at run step
-    ``start``, in batches of ``batch_size`` and ``seq_len`` as its states record them."""
-    return plan.variant(rank=rank, world_size=world_size, batch_size=from_setting(batch_size),
-                        seq_len=from_setting(seq_len), start=start, epoch=epoch)
+    ``start``, in batches of ``shape`` (``batch_size``, ``seq_len``, ``batch_tokens`` as its
+    states record them)."""
+    return plan.variant(rank=rank, world_size=world_size,
+                        batch_size=from_setting(shape.get("batch_size")),
+                        seq_len=from_setting(shape["seq_len"]),
+                        batch_tokens=from_setting(shape.get("batch_tokens")),
+                        start=start, epoch=epoch)
 
 
 
@@ -182,8 +189,7 @@ def from_record(record: Any, plan: Plan) -> Remainder:
         previous = record.get("previous")
         return remainder(_base(plan, previous), epoch=int(record["epoch"]),
                          world_size=int(record["world_size"]),
-                         batch_size=_shape_field(record["batch_size"]),
-                         seq_len=_shape_field(record["seq_len"]),
+                         shape={key: _shape_field(record.get(key)) for key in SHAPE},
                          positions=[(int(p), int(t)) for p, t in record["positions"]],
                          previous=previous, start=int(record.get("start", 0)),
                          step=int(record.get("step", 0)))
@@ -192,26 +198,29 @@ def from_record(record: Any, plan: Plan) -> Remainder:
 
 
 def _shape_field(value: Any) -> Any:
-    """A recorded ``batch_size`` or ``seq_len``: an int, or a schedule's record (a dict)."""
-    return value if isinstance(value, dict) else int(value)
+    """A recorded ``batch_size``, ``seq_len`` or ``batch_tokens``: an int, a schedule's
+    record (a dict), or None."""
+    return value if value is None or isinstance(value, dict) else int(value)
 
 
 def _check_one(state: dict, mine: dict, plan: Plan) -> dict:
     """One old rank's state checked as that rank's own loader would check it."""
     for key in MAY_DIFFER:
         value = state.get(key)
-        if key in ("batch_size", "seq_len") and isinstance(value, dict) or (
-                key == "batch_size" and value is None and state.get("batch_tokens")):
+        if key in SHAPE and isinstance(value, dict) or (
+                key == "batch_size" and value is None and state.get("batch_tokens")) or (
+                key == "batch_tokens" and value is None):
             continue  # a schedule's record (read and checked by Schedule.from_record), or
-            # batches cut by a token budget
+            # batches cut by a token budget (or not)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise LoaderStateError(f"loader state field {key!r} is {value!r}")
     try:
-        old = _old(plan, state["rank"], state["world_size"], state["batch_size"],
-                   state["seq_len"], state_start(state), state.get("epoch"))
+        old = _old(plan, state["rank"], state["world_size"],
+                   {key: state.get(key) for key in SHAPE}, state_start(state),
+                   state.get("epoch"))
     except ConfigError as err:
         raise LoaderStateError(f"loader state's batch shape is damaged: {err}") from None
-    as_old = {**mine, **{key: state[key] for key in MAY_DIFFER}}
+    as_old = {**mine, **{key: state.get(key) for key in MAY_DIFFER}}
     return check_state(state, as_old, old)
 
 
@@ -222,7 +231,7 @@ def _derive(state: dict, world: int, mine: dict, plan: Plan) -> list[dict]:
         raise LoaderStateError("a padded or packing state has no token offset")
     out = []
     for rank in range(world):
-        old = _old(plan, rank, world, state["batch_size"], state["seq_len"],
+        old = _old(plan, rank, world, {key: state.get(key) for key in SHAPE},
                    state_start(state), at["epoch"])
         share = old.share(at["epoch"])
         shapes = old.shapes_of(at["epoch"])

@@ -70,8 +70,10 @@ compare its crc32 (``verify="full"``): time to the first batch does not grow wit
 and every packet's CRC is still checked as it is decoded.
 
 The state (``state_dict``) is the epoch, a (packet, token) position in this rank's order and the
-run's step, plus the settings it is only valid for (``ndp.loader.resume``). ``batch_size`` and
-``seq_len`` may change with the step (``ndp.Schedule``, ``ndp.loader.shapes``).
+run's step, plus the settings it is only valid for (``ndp.loader.resume``). ``batch_size``,
+``seq_len`` and ``mix`` may change with the step (``ndp.Schedule``, ``ndp.loader.shapes``,
+``ndp.loader.mix_schedule``); ``batch_tokens`` cuts padded and packing batches by a token budget
+instead of ``batch_size`` rows.
 
 The pipeline: **plan** (``ndp.loader.plan``), **stage** (``ndp.loader.stage``, on a GPU
 ``ndp.loader.device_shards``: whole shards copied in bulk), **decode** (``ndp.loader.chunks``: one

@@ -118,13 +118,15 @@ class Plan(Reach, RunSteps, Mixing):
                 window=self._window_bytes) if whole else 0)
 
     def variant(self, *, rank: int, world_size: int, batch_size: Any, seq_len: Any,
-                start: int | None = None, epoch: int | None = None) -> Plan:
+                start: int | None = None, epoch: int | None = None,
+                batch_tokens: Any = "same") -> Plan:
         """This plan for another rank, world size or batch shape (the same data, order,
         mixing, CRC-Drop and elastic remainder): how an earlier run's ranks cut their epochs;
         ``start``: the run step ``epoch`` began at in that run."""
         other = copy.copy(self)
         other.rank, other.world_size = rank, world_size
-        other._set_shapes(batch_size, seq_len, self.tokens_setting)
+        other._set_shapes(batch_size, seq_len,
+                          self.tokens_setting if batch_tokens == "same" else batch_tokens)
         other._starts = dict(self._starts)
         if start is not None:
             other._starts = {epoch: start}

@@ -2,14 +2,23 @@
 checked field by field (``ndp.loader.state``), or the states of an earlier run's ranks shared
 out over this run's (``ndp.loader.elastic``); and the run step its epoch began at, which
 schedules are keyed by (``ndp.loader.shapes``).
+
+A state made with other batch shapes (another ``batch_size``, ``seq_len`` or ``batch_tokens``
+schedule: the plan changed by hand mid-run) goes on the same way, said in a warning: the rest
+of its epoch, each remaining packet once (in ``packed`` mode a packet it was inside of is given
+again whole, counted as ``repeated``), cut into this Loader's batches from the state's step
+on; the change is kept in the state's ``elastic`` record, so later resumes keep it. In
+``packed`` mode with several ranks that needs every rank's state (a list). Another dataset or
+seed cannot be exact and stays refused (``ndp.loader.state``).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from ndp.errors import LoaderStateError
-from ndp.loader.elastic import Remainder, from_record, from_states
+from ndp.loader.elastic import SHAPE, Remainder, from_record, from_states
 from ndp.loader.plan import Plan
 from ndp.loader.state import check_state, state_start
 
@@ -20,6 +29,14 @@ def resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
     from, the run step of that epoch's first batch, and the elastic remainder it is in (or
     ``None``). ``mine``: the resuming Loader's own state (its settings). Raises
     ``LoaderStateError`` naming what does not fit."""
+    if isinstance(state, dict) and not elastic and _other_shape(state, mine):
+        elastic = True  # the plan changed by hand: the rest of the epoch in the new shapes
+        warnings.warn(
+            f"ndp.Loader: this state was made with {_shapes(state)}, this Loader has "
+            f"{_shapes(mine)}: the rest of epoch {state.get('epoch')} is shared out in this "
+            f"Loader's batches (ndp.loader.elastic), each remaining packet once, from step "
+            f"{state.get('step')} on; the change is recorded in the state ('elastic')",
+            stacklevel=3)
     if isinstance(state, (list, tuple)) or (elastic and isinstance(state, dict)):
         rest = from_states(list(state) if not isinstance(state, dict) else [state], mine, plan)
         # the rest of the epoch begins at the step the earlier run stopped at
@@ -36,3 +53,16 @@ def resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
     trial.set_elastic(rest)  # checked against the epoch it resumes in
     checked = check_state(state, mine, trial)
     return checked, state_start(state), rest
+
+
+def _other_shape(state: dict, mine: dict) -> bool:
+    """``state`` is this run's (same version, world size and rank) but for its batch shapes
+    (``batch_size``, ``seq_len``, ``batch_tokens``: ints or schedules)."""
+    return (state.get("version") == mine["version"]
+            and state.get("world_size") == mine["world_size"]
+            and state.get("rank") == mine["rank"]
+            and any(state.get(key) != mine.get(key) for key in SHAPE))
+
+
+def _shapes(state: dict) -> str:
+    return ", ".join(f"{key}={state.get(key)!r}" for key in SHAPE if state.get(key) is not None)

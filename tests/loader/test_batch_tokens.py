@@ -152,12 +152,21 @@ def test_a_wrong_budget_is_refused_by_name(data, kw, match):
         Loader(data, seq_len=8, output="arrays", manifest="ignore", **kw)
 
 
-def test_a_state_records_the_budget_and_another_is_refused(data):
+def test_a_state_records_the_budget_and_another_budget_goes_on(data):
     loader = make(data, "padded")
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
     state = loader.state_dict()
+    loader.close()
     assert state["batch_tokens"] == BUDGET.record() and state["batch_size"] is None
     assert loader.batch_tokens == 40 and loader.batch_size is None
-    with pytest.raises(LoaderStateError, match="batch_tokens="):
-        make(data, "padded", batch_tokens=40).load_state_dict(state)
-    with pytest.raises(LoaderStateError, match="batch_size=None, this loader 4"):
-        make(data, "padded", batch_tokens=None, batch_size=4).load_state_dict(state)
+    for other in (dict(batch_tokens=64), dict(batch_tokens=None, batch_size=4)):
+        again = make(data, "padded", **other)
+        with pytest.warns(UserWarning, match="this state was made with"):
+            again.load_state_dict(state)
+        assert again.step == 5 and again.state_dict()["elastic"]["batch_tokens"] == BUDGET.record()
+        rest = len(again)  # the rest of the epoch, in the new budget's batches
+        assert sum(1 for _ in again) == rest > 0
+    with pytest.raises(LoaderStateError, match="seed="):
+        make(data, "padded", batch_tokens=40, seed=9).load_state_dict(state)

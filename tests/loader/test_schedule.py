@@ -257,20 +257,25 @@ def test_crc_drop_and_mixing_count_with_the_schedule(tmp_path, mode):
             assert step - n == loader.step - n and loader.step == step
 
 
-def test_a_state_is_refused_by_a_loader_with_another_schedule(data):
-    loader = make(data, "packed")
+def test_a_state_records_its_schedules_and_what_cannot_be_exact_is_refused(data):
+    """Another schedule goes on (the test below); another seed, mode or world size with one
+    state cannot be exact and is refused by name."""
+    loader = make(data, "packed", rank=0, world_size=2)
     it = iter(loader)
     for _ in range(6):
         next(it)
     state = loader.state_dict()
     loader.close()
     assert state["seq_len"] == SEQ.record() and state["batch_size"] == BATCH.record()
-    other = make(data, "packed", seq_len=Schedule([(0, 8), (9, 16)]))
-    with pytest.raises(LoaderStateError, match="seq_len="):
-        other.load_state_dict(state)
-    fixed = make(data, "packed", seq_len=8, batch_size=2)
-    with pytest.raises(LoaderStateError, match="batch_size="):
-        fixed.load_state_dict(state)
+    assert state["step"] == 6
+    with pytest.raises(LoaderStateError, match="seed=3, this loader 4"):
+        make(data, "packed", rank=0, world_size=2, seed=4).load_state_dict(state)
+    with pytest.raises(LoaderStateError, match="mode="):
+        make(data, "padded", rank=0, world_size=2).load_state_dict(state)
+    # packed, two ranks, one state: where the other rank stood is not known
+    with pytest.raises(LoaderStateError, match="needs the states of all 2"):
+        make(data, "packed", rank=0, world_size=2,
+             seq_len=Schedule([(0, 8), (9, 16)])).load_state_dict(state)
 
 
 def test_one_phase_is_todays_int_in_the_state(data):
@@ -352,3 +357,45 @@ def test_the_schedules_guide_runs_as_written(tmp_path, monkeypatch):
     blocks = markdown_blocks(page.read_text(encoding="utf-8"))
     assert len(blocks) >= 5
     run_markdown(blocks, {"__name__": "__docs__"}, "docs/guides/schedules.md")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_state_loaded_into_another_schedule_goes_on_with_each_document_once(data, mode):
+    """The plan changed by hand mid-epoch (another seq_len and batch_size schedule): the rest
+    of the epoch in the new shapes from the state's step, no packet of the epoch delivered
+    twice or left out (packed: the one a window was inside of is given again whole,
+    counted), said in a warning and kept in the state."""
+    def docs(batch):
+        ids = batch["x"] if mode == "packed" else batch["input_ids"][
+            batch["attention_mask"].astype(bool)]
+        return set((np.asarray(ids).ravel() // 1000).tolist())
+
+    first = make(data, mode, shuffle=False)
+    n_all = len(first)
+    it = iter(first)
+    before = [host(next(it)) for _ in range(7)]
+    state = first.state_dict()
+    first.close()
+    other = dict(batch_size=Schedule([(0, 4), (9, 2)]), seq_len=Schedule([(0, 12), (12, 6)]))
+    again = make(data, mode, shuffle=False, **other)
+    with pytest.warns(UserWarning, match="this state was made with batch_size=.*the rest of "
+                                         "epoch 0 is shared out in this Loader's batches"):
+        again.load_state_dict(state)
+    assert again.step == 7
+    after = []
+    for batch in again:
+        b = host(batch)
+        assert b["x" if mode == "packed" else "input_ids"].shape[1] == other["seq_len"].at(
+            again.step - 1)
+        after.append(b)
+    seen_before = set().union(*(docs(b) for b in before))
+    seen_after = set().union(*(docs(b) for b in after))
+    both = seen_before & seen_after
+    if mode == "packed":  # the packet the last window was inside of, again whole
+        assert len(both) <= 1 and again.stats.repeated <= 1
+    else:
+        assert not both
+    if mode == "padded":  # every packet of the epoch, once (unshuffled, one rank)
+        assert seen_before | seen_after == set(range(160))
+    assert "elastic" in again.state_dict() or again.epoch == 1
+    assert n_all > 7

@@ -56,7 +56,8 @@ def midway(path, mode="packed", **kw) -> dict:
     ("pos", True, "integer"),
     ("fingerprint", "0123456789abcdef", "made on dataset"),
     ("version", 7, "version"),
-    ("seq_len", 5, "seq_len"),
+    ("seed", 99, "seed"),
+    ("crc_drop_rate", 0.5, "crc_drop_rate"),
 ])
 def test_a_wrong_field_is_refused_and_named(dataset, field, value, match):
     """Each field is checked on its own, also in a state whose 'check' was recomputed."""
