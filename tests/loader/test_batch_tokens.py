@@ -39,7 +39,8 @@ def make(data, mode, **kw) -> Loader:
     kw.setdefault("seq_len", SEQ)
     kw.setdefault("backend", "cpu")
     kw.setdefault("chunk_batches", 3)
-    return Loader(data, mode=mode, seed=4, output="arrays", manifest="ignore", **kw)
+    kw.setdefault("seed", 4)
+    return Loader(data, mode=mode, output="arrays", manifest="ignore", **kw)
 
 
 def host(batch: dict) -> dict:
