@@ -128,7 +128,8 @@ def kinds_of(name: str, report: dict) -> list[str]:
                                    ("train-ab-", "train", "runs", dict),
                                    ("train-gpt2-", "train-gpt2", "rows", list),
                                    ("bad-inputs-", "bad-inputs", "cases", list),
-                                   ("scale-", "scale", "records", list)):
+                                   ("scale-", "scale", "records", list),
+                                   ("schedule-", "schedule", "modes", dict)):
         if name.startswith(prefix) and isinstance(report.get(key), typ):
             kinds.append(kind)
     return kinds

@@ -357,11 +357,45 @@ def _bad_inputs(r: Result) -> str:
     return head + summary + "\n\n??? note \"Every case\"\n\n" + _indent(details)
 
 
+def _schedule(r: Result) -> str:
+    """``bench_schedule.py``: per mode, what a schedule's machinery adds to host CPU per
+    token, the warm-up against its phases' fixed shapes, and next() at changes."""
+    rows = []
+    for mode, m in r.report["modes"].items():
+        if not isinstance(m, dict):
+            continue
+        warm = m.get("warm-up", {})
+        rows.append([mode, _pct(m.get("machinery_cpu_over_fixed_percent")),
+                     _pct(m.get("schedule_cpu_over_fixed_percent")),
+                     _num(warm.get("cpu_s_per_1e9_tokens")),
+                     _num(m.get("expected_cpu_s_per_1e9_tokens")),
+                     _num(warm.get("next_us_steady_p99")), _num(warm.get("next_us_boundary_p99")),
+                     _num(m.get("boundary_p99_over_steady_p99"), 2)])
+    sched = r.report.get("schedule", {})
+    head = ("Schedule: " + ", ".join(f"`{k}` {[p[1] for p in v.get('phases', [])]} from steps "
+                                     f"{[p[0] for p in v.get('phases', [])]}"
+                                     for k, v in sched.items() if isinstance(v, dict))
+            + f"; a training step sleeps {r.report.get('train_factor', '?')}x ndp's decode time "
+              f"per token.\n\n")
+    return head + table(["mode", "machinery CPU/token", "warm-up vs its phases fixed",
+                         "warm-up CPU-s / 1e9 tokens", "its phases fixed", "next() p99 steady us",
+                         "p99 at changes us", "ratio"], rows)
+
+
+def _pct(value) -> str:
+    return "?" if not isinstance(value, (int, float)) else f"{value:+.1f}%"
+
+
+def _num(value, digits: int = 0) -> str:
+    return "?" if not isinstance(value, (int, float)) else f"{value:,.{digits}f}"
+
+
 TABLES = {"decode": _decode, "crc": _crc, "convert": _convert, "loader": _loader,
           "breakdown": _breakdown, "gpu-host": _gpu_host, "loaders": _loaders, "gpu": _gpu,
           "gpu-loader": _gpu,
           "accounting": _accounting, "remote": _remote, "shuffle": _shuffle,
-          "bad-inputs": _bad_inputs, "scale": _scale, "train-gpt2": _train_gpt2}
+          "bad-inputs": _bad_inputs, "scale": _scale, "train-gpt2": _train_gpt2,
+          "schedule": _schedule}
 
 
 def render(kind: str, result: Result, page: str | None) -> str:
