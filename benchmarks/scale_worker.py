@@ -87,7 +87,7 @@ def state_at(loader, batch: int) -> dict:
             pos = plan.candidates(share.packets, pos, plan.shapes.at(0))
         pos, tok = min(pos, own.shape[0]), 0
     state = {k: v for k, v in loader.state_dict().items() if k != "check"}
-    state.update(epoch=0, pos=int(pos), tok=int(tok), batch=int(batch))
+    state.update(epoch=0, pos=int(pos), tok=int(tok), batch=int(batch), step=int(batch))
     state.pop("elastic", None)
     return seal(state)
 

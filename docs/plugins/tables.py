@@ -365,7 +365,9 @@ def _schedule(r: Result) -> str:
         if not isinstance(m, dict):
             continue
         warm = m.get("warm-up", {})
-        rows.append([mode, _pct(m.get("machinery_cpu_over_fixed_percent")),
+        rows.append([mode, _num(m.get("machinery_us_per_chunk"), 1),
+                     _num(m.get("machinery_share_of_chunk_percent"), 3),
+                     _pct(m.get("machinery_cpu_over_fixed_percent")),
                      _pct(m.get("schedule_cpu_over_fixed_percent")),
                      _num(warm.get("cpu_s_per_1e9_tokens")),
                      _num(m.get("expected_cpu_s_per_1e9_tokens")),
@@ -377,7 +379,8 @@ def _schedule(r: Result) -> str:
                                      for k, v in sched.items() if isinstance(v, dict))
             + f"; a training step sleeps {r.report.get('train_factor', '?')}x ndp's decode time "
               f"per token.\n\n")
-    return head + table(["mode", "machinery CPU/token", "warm-up vs its phases fixed",
+    return head + table(["mode", "schedule's work us/chunk", "% of a chunk's CPU",
+                         "run against fixed (median of rounds)", "warm-up vs its phases fixed",
                          "warm-up CPU-s / 1e9 tokens", "its phases fixed", "next() p99 steady us",
                          "p99 at changes us", "ratio"], rows)
 

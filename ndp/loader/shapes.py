@@ -23,6 +23,7 @@ and built with one shape, as before.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -91,7 +92,7 @@ class Shapes:
         return len(self.starts) == 1
 
     def _phase(self, step: int) -> int:
-        return int(np.searchsorted(self.starts, step, side="right")) - 1
+        return bisect.bisect_right(self.starts, step) - 1  # a few phases: no array made
 
     def at(self, step: int) -> tuple[int, int]:
         """``(B, T)`` of step ``step``."""

@@ -388,6 +388,9 @@ def staged_output(output: str | os.PathLike, *, overwrite: bool) -> Iterator[Pat
         try:  # made inside: a signal that comes right after the mkdir still removes it
             staging.mkdir()
             yield staging
+            if received:  # its SystemExit was swallowed (raised in a __del__ or a weakref
+                # callback, where Python prints and ignores exceptions): stop here still
+                raise SystemExit(128 + received[-1])
             with _signals_wait():
                 _commit(staging, output, replacing=bool(old))
                 committed = True

@@ -44,3 +44,32 @@ def test_an_output_filled_meanwhile_is_not_replaced_and_nothing_stays(tmp_path):
             (out / "theirs.txt").write_text("mine")
     assert os.listdir(out) == ["theirs.txt"]
     assert _leftovers(tmp_path) == []
+
+
+def test_a_sigterm_whose_exit_python_swallowed_still_stops_the_write(tmp_path):
+    """A SIGTERM handled while Python runs a ``__del__`` (or a weakref callback: it once came
+    during an import's module-lock callback) has its ``SystemExit`` printed and ignored; the
+    write must not commit as if nothing came: it stops at the block's end, staging removed."""
+    import gc
+    import os
+    import signal
+    import time
+
+    from ndp.store.manifest import staged_output
+
+    class Dies:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            end = time.monotonic() + 5
+            while time.monotonic() < end:  # the handler runs here, inside __del__
+                time.sleep(0.01)
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stopped:
+        with staged_output(out, overwrite=False) as staging:
+            (staging / "shard-00000.ndp").write_bytes(b"x")
+            obj = Dies()
+            del obj
+            gc.collect()
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert not out.exists() and not list(tmp_path.glob(".out.ndp-partial-*"))
