@@ -148,8 +148,8 @@ def summarise(runs: list[dict]) -> dict:
         values = [get(r) for r in runs if get(r) is not None]
         return float(np.median(values)) if values else None
 
-    for r in runs[1:]:
-        r.pop("step_tokens", None)  # the first round's are kept (the per-step tokens)
+    for r in runs:
+        r.pop("step_tokens", None)  # used for the expected CPU above, not kept
     return {
         "rounds": len(runs), "batches": runs[0]["batches"], "tokens": runs[0]["tokens"],
         "cpu_s_per_1e9_tokens": med(lambda r: r["cpu_s_per_1e9_tokens"]),
@@ -211,10 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             res["machinery_us_per_chunk"] = per_chunk_us
             res["chunk_cpu_us"] = chunk_cpu_us
             res["machinery_share_of_chunk_percent"] = 100 * per_chunk_us / chunk_cpu_us
+            step_tokens = runs["warm-up"][0]["step_tokens"]  # tokens of each step
             res.update({name: summarise(r) for name, r in runs.items()})
             # what the warm-up's phases cost at their fixed shapes, token for token
             per_shape = {(b, t): res[f"fixed {b}x{t}"]["cpu_s_per_1e9_tokens"] for b, t in fixed}
-            step_tokens = runs["warm-up"][0]["step_tokens"]
             shapes = shapes_of(warm, len(step_tokens))
             expected = sum(n * per_shape[shape] for n, shape in zip(step_tokens, shapes)) \
                 / sum(step_tokens)

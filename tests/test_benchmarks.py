@@ -57,6 +57,24 @@ def test_gpu_loader_benchmark_smoke_run_under_the_simulator(tmp_path):
     assert set(report["targets_met"]) == set(report["targets"])
 
 
+def test_schedule_benchmark_smoke_run(tmp_path):
+    """``bench_schedule.py --smoke``: every mode, the warm-up against its phases' fixed shapes,
+    a schedule's own per-chunk work and next() at changes, in a results file."""
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_schedule.py"), "--smoke",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("schedule-*-smoke.json")
+    report = json.loads(result.read_text())
+    assert "--smoke" in report["command"] and "versions" in report["machine"]
+    assert set(report["modes"]) == {"padded", "packed", "packing"}
+    for mode in report["modes"].values():
+        assert 0 < mode["machinery_us_per_chunk"] < mode["chunk_cpu_us"]
+        warm = mode["warm-up"]
+        assert warm["batches"] > 0 and warm["next_us_boundary_p99"] > 0
+        assert mode["expected_cpu_s_per_1e9_tokens"] > 0
+        assert all("step_tokens" not in run for run in warm["runs"])
+
+
 def test_loader_comparison_smoke_run(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "bench_loaders.py"), "--smoke", "--out",
                            str(tmp_path), "--rounds", "2"],
