@@ -275,8 +275,8 @@ class Loader(StepViews):
         checked, start, rest = resume(self.plan, state, self.state_dict(), elastic=elastic)
         self._active = None
         self._stop_producer()
+        self.plan.set_elastic(rest)  # stops the plan's thread first
         self.plan.set_start(checked["epoch"], start)
-        self.plan.set_elastic(rest)
         self._state = checked
 
     @property

@@ -281,7 +281,8 @@ class Plan(Reach, RunSteps, Mixing):
                   "mode": self.mode, "batch_size": shapes.sizes[0], "seq_len": shapes.lens[0],
                   "world_size": self.world_size, "seed": self.seed, "epoch": epoch,
                   "shuffle": self.shuffle, "shuffle_window": self.shuffle_window}
-        if not shapes.constant:  # the epoch's shapes from its first step (one: as before)
+        if not shapes.constant or shapes.budgeted:  # the epoch's shapes from its first step
+            # (and a budget's: its rows are only an estimate); one shape of rows: as before
             fields["shapes"] = shapes.record()
         return fields
 

@@ -171,3 +171,16 @@ def test_a_state_records_the_budget_and_another_budget_goes_on(data):
         assert sum(1 for _ in again) == rest > 0
     with pytest.raises(LoaderStateError, match="seed="):
         make(data, "padded", batch_tokens=40, seed=9).load_state_dict(state)
+
+
+def test_a_budgets_count_is_not_taken_for_a_row_counts(data, tmp_path, monkeypatch):
+    """A budget of 40 tokens in rows of 8 is sized for 5 rows, as ``batch_size=5`` is: the
+    node's count cache must not give one's count for the other (their keys differ)."""
+    monkeypatch.setenv("NDP_COUNT_CACHE", str(tmp_path / "counts"))
+    rows = make(data, "packing", batch_tokens=None, batch_size=5, seq_len=8)
+    n_rows = len(rows)
+    assert sum(1 for _ in rows) == n_rows
+    rows.close()
+    budget = make(data, "packing", batch_tokens=40, seq_len=8)
+    n_budget = len(budget)
+    assert sum(1 for _ in budget) == n_budget != n_rows

@@ -65,11 +65,17 @@ def test_a_sigterm_whose_exit_python_swallowed_still_stops_the_write(tmp_path):
                 time.sleep(0.01)
 
     out = tmp_path / "out"
-    with pytest.raises(SystemExit) as stopped:
-        with staged_output(out, overwrite=False) as staging:
-            (staging / "shard-00000.ndp").write_bytes(b"x")
-            obj = Dies()
-            del obj
-            gc.collect()
+    # the default disposition, as in a fresh ``ndp convert`` (a test before this one may have
+    # started Ray in this process, whose handler the writer leaves alone)
+    saved = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            with staged_output(out, overwrite=False) as staging:
+                (staging / "shard-00000.ndp").write_bytes(b"x")
+                obj = Dies()
+                del obj
+                gc.collect()
+    finally:
+        signal.signal(signal.SIGTERM, saved)
     assert stopped.value.code == 128 + signal.SIGTERM
     assert not out.exists() and not list(tmp_path.glob(".out.ndp-partial-*"))
