@@ -38,13 +38,12 @@ class Shapes:
     (``budgets``, 0: none) a batch takes whole examples while their tokens, each cut to ``T``,
     fit it (``B`` is then only the rows a budget's batch is sized for: ``budget // T``)."""
 
-    __slots__ = ("starts", "sizes", "lens", "budgets", "_origin")
+    __slots__ = ("starts", "sizes", "lens", "budgets")
 
     def __init__(self, starts: list[int], sizes: list[int], lens: list[int],
-                 budgets: list[int] | None = None, origin: int = 0) -> None:
+                 budgets: list[int] | None = None) -> None:
         self.starts, self.sizes, self.lens = tuple(starts), tuple(sizes), tuple(lens)
         self.budgets = tuple(budgets) if budgets is not None else (0,) * len(self.starts)
-        self._origin = origin  # the run step of step 0 (an epoch's ``after``)
 
     @classmethod
     def of(cls, batch_size: Any, seq_len: Any, batch_tokens: Any = None) -> Shapes:
@@ -110,13 +109,7 @@ class Shapes:
             return self
         k = self._phase(start)
         starts = [0] + [s - start for s in self.starts[k + 1:]]
-        return Shapes(starts, self.sizes[k:], self.lens[k:], self.budgets[k:],
-                      self._origin + start)
-
-    @property
-    def largest(self) -> tuple[int, int]:
-        """The largest ``B`` and the largest ``T`` of any phase (not always one phase's)."""
-        return max(self.sizes), max(self.lens)
+        return Shapes(starts, self.sizes[k:], self.lens[k:], self.budgets[k:])
 
     def elements(self, per_phase: Any) -> int:
         """The most of ``per_phase(B, T)`` over the phases."""
