@@ -26,20 +26,13 @@ from typing import Any
 import numpy as np
 
 from ndp.kernels._jit import cpu_kernel
+from ndp.loader.packing import phase_of  # the compiled counts' own lookup
 from ndp.loader.shapes import Shapes
 
 #: the random stream of scheduled draws (fixed weights draw from ``order._MIX_STREAM``)
 _SCHEDULED_STREAM = 0x5C4E
 #: how the epoch's step advances with each place drawn, by mode
 MODE_CODES = {"padded": 0, "packed": 1, "packing": 2}
-
-
-@cpu_kernel
-def _phase_of(starts, step):  # pragma: no cover - compiled
-    p = 0
-    while p + 1 < starts.shape[0] and starts[p + 1] <= step:
-        p += 1
-    return p
 
 
 @cpu_kernel
@@ -60,7 +53,7 @@ def _draw(u, sizes, tokens, first, table, steps, linear, start, mode, sh_starts,
         if not shortest and n >= limit:
             break
         s = start + k
-        p = _phase_of(steps, s)
+        p = phase_of(steps, s)
         total = 0.0
         for g in range(groups):
             v = table[p, g]
@@ -88,14 +81,14 @@ def _draw(u, sizes, tokens, first, table, steps, linear, start, mode, sh_starts,
         out_index[n] = j
         n += 1
         length = tokens[first[g] + j]
-        q = _phase_of(sh_starts, k)
+        q = phase_of(sh_starts, k)
         if mode != 1 and sh_budget[q] > 0:  # whole examples while they fit the budget
             m = min(length, sh_t[q])
             if filled > 0 and spent + m > sh_budget[q]:
                 k += 1
                 filled = 0
                 spent = 0
-                m = min(length, sh_t[_phase_of(sh_starts, k)])
+                m = min(length, sh_t[phase_of(sh_starts, k)])
             filled += 1
             spent += m
         elif mode == 0:
@@ -108,7 +101,7 @@ def _draw(u, sizes, tokens, first, table, steps, linear, start, mode, sh_starts,
             while t - acc >= sh_b[q] * sh_t[q]:
                 acc += sh_b[q] * sh_t[q]
                 k += 1
-                q = _phase_of(sh_starts, k)
+                q = phase_of(sh_starts, k)
         else:
             m = min(length, sh_t[q])
             if c + m > sh_t[q]:
@@ -118,7 +111,7 @@ def _draw(u, sizes, tokens, first, table, steps, linear, start, mode, sh_starts,
                 k += 1
                 r = 0
                 c = 0
-                m = min(length, sh_t[_phase_of(sh_starts, k)])
+                m = min(length, sh_t[phase_of(sh_starts, k)])
             c += m
     return n
 

@@ -44,7 +44,7 @@ def _plan(lengths, rows, row_len, where_row, where_col):  # pragma: no cover - c
 
 
 @cpu_kernel
-def _phase(starts, batch):  # pragma: no cover - compiled
+def phase_of(starts, batch):  # pragma: no cover - compiled
     """The phase of batch ``batch`` (``ndp.loader.shapes``: few phases, searched in order)."""
     p = 0
     while p + 1 < starts.shape[0] and starts[p + 1] <= batch:
@@ -73,7 +73,7 @@ def _count_batches(lengths, starts, sizes, lens, budgets, batch_of):  # pragma: 
     at = 0
     count = 0
     while at < n:
-        p = _phase(starts, count)
+        p = phase_of(starts, count)
         if budgets[p] > 0:
             i = _budget_end(lengths, at, budgets[p], lens[p])
         else:
@@ -111,13 +111,13 @@ def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets,
             carry[0, k] = 0
             carry[1, k] = 0
             carry[3, k] = 0
-        p = _phase(starts, carry[2, k] - 1)  # the open batch's shape
+        p = phase_of(starts, carry[2, k] - 1)  # the open batch's shape
         row_len = lens[p]
         m = min(lengths[i], row_len)
         if budgets[p] > 0:  # a token budget: examples while they fit it, at least one
             if carry[0, k] > 0 and carry[3, k] + m > budgets[p]:
                 carry[2, k] += 1
-                m = min(lengths[i], lens[_phase(starts, carry[2, k] - 1)])
+                m = min(lengths[i], lens[phase_of(starts, carry[2, k] - 1)])
                 carry[0, k] = 0
                 carry[3, k] = 0
             carry[0, k] += 1
@@ -130,7 +130,7 @@ def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets,
             c = 0
         if r == sizes[p]:  # the batch is full: this example opens the next one, its shape
             carry[2, k] += 1
-            m = min(lengths[i], lens[_phase(starts, carry[2, k] - 1)])
+            m = min(lengths[i], lens[phase_of(starts, carry[2, k] - 1)])
             r = 0
             c = 0
         carry[0, k] = r
