@@ -120,7 +120,7 @@ def one_epoch(data: Path, mode: str, setting: dict, backend: str,
         waits.append(time.perf_counter() - t)
         step_tokens.append(int(loader.stats.tokens))
         if train_s_per_token:
-            time.sleep(batch[key].size * train_s_per_token)
+            time.sleep(int(np.prod(batch[key].shape)) * train_s_per_token)  # a device array too
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     tokens = int(loader.stats.tokens)
     loader.close()

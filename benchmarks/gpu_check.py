@@ -12,9 +12,12 @@ one at a time:
    installed numba-cuda works with; anything missing fails here, with what to install, instead
    of a later step skipping silently (a missing ``compute-sanitizer``, found in CUDA's toolkit
    but not in CUDA's pip wheels, fails the memcheck step alone: the rest still runs);
-2. ``gpu-tests``: the ``gpu``-marked tests (``tests/engine/test_gpu_device.py``) but the memcheck run;
+2. ``gpu-tests``: the ``gpu``-marked tests (``tests/engine/test_gpu_device.py``) but the
+   memcheck run;
 3. ``device-equality``: the CUDA-against-CPU tests (kernels, decoder, Loader chunks, accounting,
    held batches through CuPy's array interface), which run on the device when there is one;
+   ``device-schedules``: the same for schedules (a change of batch shape on the device's flat
+   output ring, token budgets, mix schedules), their CUDA cases only;
 4. ``memcheck``: ``compute-sanitizer --tool memcheck`` over hostile input
    (``tests/kernels/hostile_run.py``); the log is kept in ``--out``;
 5. ``bench-gpu-loader``: ``benchmarks/bench_gpu_loader.py`` (the Loader on the GPU, issue 11's
@@ -23,9 +26,9 @@ one at a time:
 7. ``bench-loaders``: the GPU rows of ``benchmarks/bench_loaders.py`` beside the CPU ones
    (``--quick``: a small corpus, so it fits);
 8. ``train-ab``: ``benchmarks/train_ab.py`` with the model on the GPU;
-9. ``two-ranks``: on a machine with 2 GPUs or more, ``benchmarks/gpu_ranks.py`` under torchrun
-   with 2 processes, each rank's Loader on its own device (``ndp.engine.gpu``); with one GPU it is
-   shown as not run, and not counted as failed.
+9. ``two-ranks``: ``benchmarks/gpu_ranks.py`` under torchrun with 2 processes, each rank's
+   Loader on its own device (``ndp.engine.gpu``) where there are 2 GPUs or more, both on the one
+   device where there is one.
 
 Every results file lands in ``--out`` (default ``$NDP_RESULTS_DIR``, else ``./ndp-results``;
 each benchmark step is given the same ``--out``), with the log of every step that failed; the
@@ -53,6 +56,9 @@ PY = sys.executable
 DEVICE_TESTS = ["tests/kernels/test_cuda_kernels.py", "tests/engine/test_gpu_decode.py",
                 "tests/loader/test_chunks.py", "tests/engine/test_counters.py",
                 "tests/adapters/test_torch.py", "tests/loader/test_serve.py"]
+#: the schedules' tests whose CUDA runs go to the device (``-k cuda``: their CPU runs are CI's)
+SCHEDULE_TESTS = ["tests/loader/test_schedule.py", "tests/loader/test_batch_tokens.py",
+                  "tests/loader/test_mix_schedule.py"]
 
 
 def sanitizer() -> str | None:
@@ -116,6 +122,8 @@ def steps(sanitizer_path: str, out: Path) -> list[tuple[str, list[str], int]]:
                        "-k", "not memcheck", "tests/engine/test_gpu_device.py"], 150),
         ("device-equality", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                              "-m", "not simulator", *DEVICE_TESTS], 150),
+        ("device-schedules", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                              "-m", "not simulator", "-k", "cuda", *SCHEDULE_TESTS], 150),
         ("memcheck", [sanitizer_path, "--tool", "memcheck", "--report-api-errors", "no",
                       "--error-exitcode", "9", PY, "tests/kernels/hostile_run.py"], 150),
         ("bench-gpu-loader", [PY, "benchmarks/bench_gpu_loader.py", "--seconds", "3",
@@ -134,7 +142,7 @@ def verdict(name: str, rc: int, out: str) -> tuple[bool, str]:
     """Whether a step passed, and its one-line summary."""
     tail = [line for line in out.strip().splitlines() if line.strip()]
     last = tail[-1] if tail else ""
-    if name in ("gpu-tests", "device-equality"):
+    if name in ("gpu-tests", "device-equality", "device-schedules"):
         skipped = re.search(r"(\d+) skipped", last)
         if rc == 0 and skipped:
             return False, f"{last} (a skip on a GPU machine is a failure here)"
@@ -152,7 +160,7 @@ def verdict(name: str, rc: int, out: str) -> tuple[bool, str]:
 
 
 #: steps that time nothing: run side by side, before the benchmarks
-CONCURRENT = ("gpu-tests", "device-equality", "memcheck")
+CONCURRENT = ("gpu-tests", "device-equality", "device-schedules", "memcheck")
 
 
 def _step(name: str, cmd: list[str], limit: int, *, found: str | None, devices: int, env: dict,
@@ -168,8 +176,8 @@ def _step(name: str, cmd: list[str], limit: int, *, found: str | None, devices: 
 
     if name == "memcheck" and found is None:
         return row(False, NO_SANITIZER)
-    if name == "two-ranks" and devices < 2:
-        return row(None, f"not run: {devices} GPU (it needs 2)")
+    if name == "two-ranks" and devices < 1:
+        return row(None, "not run: no GPU")
     limit = int(min(limit, left))
     if limit < 10:
         return row(False, "not run: the time budget was spent")

@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
 # One lent GPU's checks in one device call (the device tool allows 10 minutes a call and 15 a
-# session, so this ends by itself after --budget seconds, 540 by default):
+# session, so this ends by itself after --budget seconds, 540 by default), in order of need,
+# each stage within what the budget has left:
 #
 #   1. set-up from carried wheels (the machine reaches no package index): NumPy 2.4.x first
 #      (numba-cuda 0.30 fails on 2.5), then ndp itself (editable, no dependencies);
-#   2. benchmarks/gpu_check.py: the gpu tests, the device-equality tests and memcheck side by
-#      side, then bench_gpu_loader.py alone on the device;
-#   3. benchmarks/train_gpt2.py at GPT-2-small size: ndp on the GPU, torchdata (the fastest peer
-#      of bench_loaders.py, from a carried wheel) and ndp on the CPU;
-#   4. benchmarks/bench_loaders.py --quick: ndp on the GPU and on the CPU against torchdata,
+#   2. benchmarks/gpu_check.py's checks: the gpu tests, the device-equality tests, the
+#      schedules' CUDA tests and memcheck side by side, then two ranks under torchrun (sharing
+#      the GPU where there is one);
+#   3. benchmarks/kernel_profile.py: Nsight Compute on the verdict and build kernels (PROFILE=0
+#      leaves it out);
+#   4. bench_gpu_loader.py alone on the device (BENCH=0 leaves it out);
+#   5. benchmarks/bench_schedule.py --backend cuda: a schedule's cost on the GPU (SCHEDULE=0);
+#   6. benchmarks/train_gpt2.py at GPT-2-small size: ndp on the GPU, torchdata (the fastest peer
+#      of bench_loaders.py, from a carried wheel) and ndp on the CPU (TRAIN=0);
+#   7. benchmarks/bench_loaders.py --quick: ndp on the GPU and on the CPU against torchdata,
 #      litdata and nanoGPT's get_batch, every batch on the GPU, in the time left (DALI's wheel,
-#      hundreds of MB, is over what a device call carries).
+#      hundreds of MB, is over what a device call carries; LOADERS=0).
 #
 # Usage, on the lent machine from the repository root, with the wheels in .whl/ (ignored by git;
 # the device tool's README says how to download them for it):
 #
 #   bash benchmarks/gpu_session.sh [--budget SECONDS]
 #   CHECKS="gpu-tests device-equality" bash benchmarks/gpu_session.sh   # gpu_check's steps
-#   TRAIN=0 LOADERS=0 bash benchmarks/gpu_session.sh                     # without stage 3 / 4
-#   RESERVE=170 bash benchmarks/gpu_session.sh      # seconds gpu_check leaves to stages 3 and 4
+#   TRAIN=0 LOADERS=0 bash benchmarks/gpu_session.sh                     # without stages 6, 7
+#   CHECKS_S=150 bash benchmarks/gpu_session.sh     # seconds for stage 2 (200)
 #
 # Everything goes to $OUT (the device tool's folder; ./ndp-results elsewhere): the results files
-# (gpu-loader-*.json, train-gpt2-*.json, memcheck-*.log) and gpu-session.log; the logs of
+# (gpu-loader-*.json, kernel-profile-*.json, schedule-*.json, train-gpt2-*.json,
+# memcheck-*.log) and gpu-session.log; the logs of
 # failed steps and the benchmarks' figures (PNG) are packed into gpu-session-logs.tgz, so that
 # few files come back (the device tool returns 8 at most).
 set -u
@@ -48,20 +55,33 @@ print(f"numpy {numpy.__version__}, numba {numba.__version__}, numba-cuda {versio
       f" cupy {cupy.__version__}, torch {torch.__version__}, cuda {torch.version.cuda}")
 EOF
 
-echo "== gpu_check ($(left) s left)"
-reserve=${RESERVE:-230}  # seconds kept for stages 3 and 4
-python3 benchmarks/gpu_check.py --out "$RES" --budget $(( $(left) - reserve > 150 ? $(left) - reserve : 150 )) \
-    --steps ${CHECKS:-gpu-tests device-equality memcheck bench-gpu-loader}
+# a stage's seconds: what it asks for, at most what the budget has left (15 s kept for the end)
+cap() { local l=$(( $(left) - 15 )); echo $(( $1 < l ? $1 : (l > 10 ? l : 10) )); }
 
-reserve=$([ "${LOADERS:-1}" = 1 ] && echo 150 || echo 15)  # kept for stage 4
+echo "== gpu_check: the checks ($(left) s left)"
+python3 benchmarks/gpu_check.py --out "$RES" --budget "$(cap ${CHECKS_S:-200})" \
+    --steps ${CHECKS:-gpu-tests device-equality device-schedules memcheck two-ranks}
+if [ "${PROFILE:-1}" = 1 ]; then
+    echo "== kernel_profile ($(left) s left)"
+    timeout "$(cap 150)" python3 benchmarks/kernel_profile.py --out "$RES"
+fi
+if [ "${BENCH:-1}" = 1 ]; then
+    echo "== gpu_check: the loader benchmark ($(left) s left)"
+    python3 benchmarks/gpu_check.py --out "$RES" --budget "$(cap 130)" --steps bench-gpu-loader
+fi
+if [ "${SCHEDULE:-1}" = 1 ]; then
+    echo "== bench_schedule on the GPU ($(left) s left)"
+    timeout "$(cap 120)" python3 benchmarks/bench_schedule.py --backend cuda --rounds 3 \
+        --out "$RES"
+fi
 if [ "${TRAIN:-1}" = 1 ]; then
     echo "== train_gpt2 ($(left) s left)"
-    timeout $(( $(left) - reserve > 60 ? $(left) - reserve : 60 )) python3 benchmarks/train_gpt2.py \
+    timeout "$(cap 200)" python3 benchmarks/train_gpt2.py \
         --feeds ndp-gpu-packed torchdata-0w ndp-cpu-packed --steps 100 --warmup 15 --out "$RES"
 fi
 if [ "${LOADERS:-1}" = 1 ]; then
     echo "== bench_loaders ($(left) s left)"
-    timeout $(( $(left) - 15 > 30 ? $(left) - 15 : 30 )) python3 benchmarks/bench_loaders.py \
+    timeout "$(cap 150)" python3 benchmarks/bench_loaders.py \
         --quick --seconds 3 --pipelines ndp-gpu-padded ndp-gpu-packed ndp-cpu-packed \
         torchdata-0w litdata-0w memmap-get-batch --out "$RES"
 fi

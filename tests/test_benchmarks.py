@@ -180,8 +180,8 @@ def test_gpu_check_lists_its_steps_and_fails_loudly_without_a_gpu(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0
     names = [line.split()[0] for line in listed.stdout.splitlines()]
-    assert names == ["gpu-tests", "device-equality", "memcheck", "bench-gpu-loader", "bench-gpu",
-                     "bench-loaders", "train-ab", "two-ranks"]
+    assert names == ["gpu-tests", "device-equality", "device-schedules", "memcheck",
+                     "bench-gpu-loader", "bench-gpu", "bench-loaders", "train-ab", "two-ranks"]
     # under the simulator (as on a machine without a GPU) the preflight fails, saying why, and
     # nothing else runs
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
@@ -224,8 +224,8 @@ def test_gpu_check_counts_a_skip_or_a_dirty_memcheck_as_a_failure():
 def test_gpu_check_without_compute_sanitizer_fails_memcheck_alone(monkeypatch, tmp_path,
                                                                     capsys):
     """A GPU machine whose CUDA came from pip wheels has no compute-sanitizer: the memcheck
-    step fails, saying why, and every other step still runs; a single GPU shows the two-rank
-    step as not run, not failed."""
+    step fails, saying why, and every other step still runs; on a single GPU the two ranks
+    share it; with none the two-rank step is shown as not run, not failed."""
     check = _gpu_check()
     ran = []
     monkeypatch.setattr(check, "preflight", lambda: [])
@@ -240,8 +240,13 @@ def test_gpu_check_without_compute_sanitizer_fails_memcheck_alone(monkeypatch, t
     assert check.main(["--out", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "FAIL  memcheck" in out and "compute-sanitizer was not found" in out
-    assert "SKIP  two-ranks" in out and "PASS  gpu-tests" in out and "PASS  train-ab" in out
-    assert len(ran) == 6  # every step but memcheck and two-ranks
+    assert "PASS  gpu-tests" in out and "PASS  train-ab" in out
+    assert len(ran) == 8  # every step but memcheck
+    assert any("gpu_ranks.py" in " ".join(cmd) for cmd in ran)
+    ran.clear()
+    monkeypatch.setattr(check, "gpus", lambda: 0)
+    check.main(["--out", str(tmp_path), "--steps", "two-ranks"])
+    assert "SKIP  two-ranks" in capsys.readouterr().out and ran == []
 
 
 def test_gpu_session_script_parses_and_names_only_steps_gpu_check_has():
@@ -586,3 +591,100 @@ def test_gpu_host_quick_run_counts_every_device_call_per_chunk(tmp_path):
             assert per_chunk["event_record"] <= 3.1  # verdicts, chunk ready, release
             assert per_chunk["memcpy_h2d"] <= 3.1 and per_chunk["memcpy_d2h"] <= 1.1
     assert set(report["targets_met"]) == {"host_us_per_batch", "cpu_s_per_billion_tokens"}
+
+
+def _kernel_profile():
+    import importlib
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        return importlib.import_module("kernel_profile")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_kernel_profile_reads_ncus_raw_csv_and_sets_each_launch_against_its_floor():
+    """What ncu prints (``--csv --page raw --print-units base``, after its own log lines) becomes
+    one row per launch; the figures derived from it are the chunk's own: 4 MiB tokens in 2 ms is
+    2.1 G tokens/s, and a build kernel's floor counts the packets read and outputs written."""
+    prof = _kernel_profile()
+    names = list(prof.METRICS)
+    head = ['"ID"', '"Kernel Name"'] + [f'"{m}"' for m in names]
+    units = ['""', '""'] + ['"nsecond"', '"byte"', '"byte"'] + ['"%"'] * 5 + ['""'] * 4
+    values = {"gpu__time_duration.sum": "2,000,000", "dram__bytes_read.sum": "40000000",
+              "dram__bytes_write.sum": "110000000", "launch__grid_size": "1056"}
+    row = ['"0"', '"cudapy::ndp::kernels::build_cuda::build_padded_cuda[abi:v1]"'] + [
+        f'"{values.get(m, "12.5")}"' for m in names]
+    text = "==PROF== Connected to process 1\n" + "\n".join(
+        ",".join(r) for r in (head, units, row, ['"1"', '"verdicts_cuda"'] + ['"n/a"'] * 12))
+    launches = prof.parse_raw_csv(text)
+    assert len(launches) == 2 and launches[0]["duration_ns"] == 2e6
+    assert launches[0]["grid_size"] == 1056 and launches[1]["duration_ns"] is None
+    chunk = {"chunk_tokens": 4 << 20, "chunk_output_bytes": 100_000_000}
+    got = prof.summarise(launches[0], chunk, 20_000_000)
+    assert got["duration_us"] == 2000.0 and round(got["tokens_per_s"] / 1e9, 2) == 2.10
+    assert got["dram_gb_per_s"] == 75.0 and got["floor_bytes"] == 120_000_000
+    assert got["dram_bytes_over_floor"] == 1.25
+    assert prof.summarise(launches[1], chunk, 1) == launches[1]  # nothing measured, nothing made
+    assert prof.parse_raw_csv("==ERROR== no kernels were profiled\n") == []
+
+
+def test_kernel_profile_driver_runs_full_chunks_under_the_simulator(tmp_path):
+    """The child ncu runs: a resident GPU Loader warmed to full chunks, then the chunks that
+    are profiled, and what one holds (the simulator has no profiler: its range is skipped)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from bench_gpu_loader import write_corpus
+    finally:
+        sys.path.remove(str(BENCH))
+    write_corpus(tmp_path, 40_000, 16)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, str(BENCH / "kernel_profile.py"), "--drive", "packed",
+                           "--corpus", str(tmp_path), "--batch", "2", "--seq", "16",
+                           "--chunks", "1"], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=BENCH.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("chunk:"))
+    chunk = json.loads(line.split(":", 1)[1])
+    assert chunk == {"mode": "packed", "chunk_batches": 64, "chunk_tokens": 64 * 2 * 16,
+                     "chunk_output_bytes": 64 * 2 * (2 * 16 * 8)}  # x and y, int64
+
+
+FAKE_NCU = '''#!{python}
+"""ncu as kernel_profile calls it: runs the program after its options, writes a CSV log."""
+import subprocess, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    print("Version fake"); sys.exit(0)
+log = args[args.index("--log-file") + 1]
+program = args[args.index("--log-file") + 2:]
+metrics = args[args.index("--metrics") + 1].split(",")
+with open(log, "w") as f:
+    head = ['"ID"', '"Kernel Name"'] + [f'"{{m}}"' for m in metrics]
+    f.write("==PROF== Connected\\n" + ",".join(head) + "\\n")
+    f.write(",".join(['"0"', '"verdicts_cuda"'] + ['"1000"'] * len(metrics)) + "\\n")
+sys.exit(subprocess.run(program).returncode)
+'''
+
+
+def test_kernel_profile_runs_each_mode_under_ncu_and_writes_its_report(tmp_path):
+    """The parent's whole path with a stand-in ncu on PATH (the device has the real one): the
+    child runs under it, the CSV it leaves is read, the report lands in --out."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "ncu"
+    fake.write_text(FAKE_NCU.format(python=sys.executable))
+    fake.chmod(0o755)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run([sys.executable, str(BENCH / "kernel_profile.py"), "--modes", "packed",
+                           "--batch", "2", "--seq", "16", "--tokens", "40000", "--chunks", "1",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=BENCH.parent)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(next((tmp_path / "out").glob("kernel-profile-*.json")).read_text())
+    packed = report["modes"]["packed"]
+    assert packed["chunk"]["chunk_tokens"] == 64 * 2 * 16 and len(packed["launches"]) == 1
+    launch = packed["launches"][0]
+    assert launch["duration_ns"] == 1000 and launch["tokens_per_s"] == 2048 / 1e-6
+    assert report["ncu"] == ["Version fake"] and "--chunks 1" in report["command"]
