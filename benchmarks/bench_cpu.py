@@ -74,6 +74,9 @@ def machine() -> dict:
             commit += "-dirty"
     except OSError:
         commit = ""
+    # on a lent device the copy of .git is the one the session started with, so git there names
+    # an older commit and reads the tree as changed: the caller names the commit it sent
+    sent = os.environ.get("NDP_COMMIT")
     return {
         "hostname": platform.node(),
         "platform": platform.platform(),
@@ -83,7 +86,9 @@ def machine() -> dict:
         "ndp_threads": ndp_threads(),
         "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "versions": versions,
-        "ndp_commit": commit,
+        "ndp_commit": sent or commit,
+        **({"ndp_commit_from": "NDP_COMMIT, set by the caller that sent the tree"}
+           if sent else {}),
     }
 
 

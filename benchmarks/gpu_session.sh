@@ -25,6 +25,11 @@
 #   CHECKS="gpu-tests device-equality" bash benchmarks/gpu_session.sh   # gpu_check's steps
 #   TRAIN=0 LOADERS=0 bash benchmarks/gpu_session.sh                     # without stages 6, 7
 #   CHECKS_S=150 bash benchmarks/gpu_session.sh     # seconds for stage 2 (200)
+#   NDP_COMMIT=b5e6257 bash benchmarks/gpu_session.sh   # the commit sent, clean
+#
+# The device tool's copy of .git is the one the session started with, so git there names an
+# older commit and reads the tree as changed ("-dirty"): commit first, then pass the commit sent
+# as NDP_COMMIT, which the results files record instead.
 #
 # Everything goes to $OUT (the device tool's folder; ./ndp-results elsewhere): the results files
 # (gpu-loader-*.json, kernel-profile-*.json, schedule-*.json, train-gpt2-*.json,

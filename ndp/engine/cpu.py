@@ -54,6 +54,9 @@ class Staged:
     limits: Any
     n: int
     shards: tuple[int, ...] = ()  # corpus shards it reads (device arena bookkeeping)
+    #: bytes of its packets, frames included, where known (0: not known); a GPU gives long
+    #: packets several threads each by their mean (``verdict_cuda.lanes_for``)
+    packet_bytes: int = 0
 
 
 @dataclass

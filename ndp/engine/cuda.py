@@ -145,12 +145,28 @@ class CudaEngine(CpuEngine):
         dev, host = self.scratch(slot, "verdicts", n, np.int64)
         if n:
             t = self.tables
-            self.launch(verdict_cuda.verdicts_cuda, n, verdict_cuda.VERDICT_BLOCK,
-                        verdict_cuda.VERDICT_BLOCK)(
-                staged.data, staged.offsets, staged.limits, dev[:n], t["crc"], t["width"],
-                t["masked"], t["skip"], np.int64(vocab))
+            args = (staged.data, staged.offsets, staged.limits, dev[:n], t["crc"], t["width"],
+                    t["masked"], t["skip"], np.int64(vocab))
+            lanes = self.verdict_lanes(staged)
+            if lanes == 1:
+                self.launch(verdict_cuda.verdicts_cuda, n, verdict_cuda.VERDICT_BLOCK,
+                            verdict_cuda.VERDICT_BLOCK)(*args)
+            else:  # long packets: several threads each, blocks of LANES_BLOCK threads (one
+                # packet's under the simulator, whose threads are slow)
+                block = lanes if simulated() else verdict_cuda.LANES_BLOCK
+                self.launch(verdict_cuda.verdicts_lanes_cuda, n * lanes, block, block)(
+                    *args, np.int64(lanes))
             self.d2h(host[:n], dev[:n])
             self._done.record(self.compute_stream)
+
+    def verdict_lanes(self, staged: Staged) -> int:
+        """Threads per packet for the verdicts of ``staged``: by its packets' mean size where it
+        is known (``verdict_cuda.lanes_for``), else one; one under the simulator, whose blocks
+        are one thread (``VERDICT_BLOCK``)."""
+        verdict_cuda, _ = _kernels()
+        if simulated() or not staged.packet_bytes or not staged.n:
+            return 1
+        return verdict_cuda.lanes_for(staged.packet_bytes / staged.n)
 
     def read_verdicts(self, slot: Slot, n: int) -> np.ndarray:
         """Wait for the verdicts (the one host wait of a decode call) and return them."""

@@ -195,7 +195,8 @@ class CudaDecoder:
         gather_packets(shard, offs, sizes, host_bytes, plan[:n], plan[n:])
         engine.h2d(dev_bytes[:total], host_bytes[:total])
         dev = engine.upload(slot, "plan", plan)
-        return slot, Staged(dev_bytes[: max(total, 1)], dev[:n], dev[n:], n)
+        return slot, Staged(dev_bytes[: max(total, 1)], dev[:n], dev[n:], n,
+                            packet_bytes=int(total))
 
 
 def _stats(verdicts: np.ndarray) -> DecodeStats:

@@ -90,6 +90,8 @@ class DeviceShards:
         #: shards come and go (``prefetch`` has work to do) unless all are resident
         self.prefetches = not resident
         self.sizes = np.array([s.size for s in corpus.shards], np.int64)
+        #: bytes a packet holds on average, frames included (shard headers too, a few bytes)
+        self.mean_packet_bytes = float(self.sizes.sum()) / max(int(corpus.n_packets), 1)
         n_shards = self.sizes.shape[0]
         self.budget = budget if budget is not None else default_budget(
             self.sizes, resident=resident, shuffle=shuffle, window=window)
@@ -168,7 +170,8 @@ class DeviceShards:
             if not self.copy_waited[k]:
                 self.copied[k].wait(engine.compute_stream)
                 self.copy_waited[k] = True
-        return Staged(self.arena.kernel, dev[:n], dev[n:2 * n], n, tuple(needed))
+        return Staged(self.arena.kernel, dev[:n], dev[n:2 * n], n, tuple(needed),
+                      packet_bytes=int(self.mean_packet_bytes * n))
 
     def prefetch(self, packets: np.ndarray) -> None:
         """Start copying the shards of ``packets`` (the next chunk's) that are not on the

@@ -192,3 +192,53 @@ def test_a_torch_consumer_on_its_own_stream_reads_its_batch_not_the_next(tmp_pat
             sums.append(b["x"].sum())
     side.synchronize()
     assert [int(s) for s in sums] == want
+
+
+@pytest.mark.parametrize("mode", ["padded", "packed", "packing"])
+def test_a_loader_of_long_packets_gives_the_cpus_batches(tmp_path, mode):
+    """Packets of 900-1,100 tokens (2-4 KB) take the verdicts of several threads a packet
+    (``verdict_cuda.verdicts_lanes_cuda``, 8 or 16 lanes); every seventh packet has a flipped
+    byte, CRC-Drop adds more: batches and counts equal the CPU backend's, resident or not."""
+    import ndp
+    from ndp.engine import cuda as cuda_engine
+    from ndp.wire.packet import encode_tokens
+
+    from ndp_test_helpers import write_shards
+
+    rng = np.random.default_rng(3)
+    packets = []
+    for k in range(600):
+        n = int(rng.integers(900, 1100))
+        p = bytearray(encode_tokens((k * 7919 + np.arange(n)) % 60000, width=2 if k % 3 else 4,
+                                    mask=ramp_mask(n, k) if k % 4 == 1 else None))
+        if k % 7 == 3:
+            p[int(rng.integers(0, len(p)))] ^= 0x10
+        packets.append(bytes(p))
+    write_shards(tmp_path, packets, max_shard_bytes=256 << 10)
+    lanes = []
+    real = cuda_engine.CudaEngine.verdict_lanes
+
+    def spy(self, staged):
+        lanes.append(real(self, staged))
+        return lanes[-1]
+
+    kw = dict(mode=mode, batch_size=8, seq_len=1104, seed=4, crc_drop_rate=0.05,
+              output="arrays")
+    with ndp.Loader(tmp_path, backend="cpu", **kw) as cpu:
+        want = [{k: v.copy() for k, v in b.items()} for b in cpu]
+        want_stats = cpu.stats.as_dict()
+    for resident in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cuda_engine.CudaEngine, "verdict_lanes", spy)
+            with ndp.Loader(tmp_path, backend="cuda", resident=resident, **kw) as gpu:
+                got = [{k: host(v).copy() for k, v in b.items()} for b in gpu]
+                got_stats = gpu.stats.as_dict()
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.keys() == b.keys()
+            for name in a:
+                np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+        for d in (got_stats, want_stats):
+            d.pop("wait_seconds", None)
+        assert got_stats == want_stats and want_stats["corrupt"].get("BAD_CRC", 0) > 0
+    assert lanes and set(lanes) <= {8, 16}

@@ -64,9 +64,44 @@ def main() -> int:
                 print("MISMATCH in packed windows")
                 return 1
             checked += 1
+        for lanes in (4, 32):  # long packets' verdicts, several threads a packet
+            if not np.array_equal(lanes_verdicts(shard, offs, lanes), cpu_verdicts(shard, offs)):
+                print(f"MISMATCH in the verdicts of {lanes} lanes")
+                return 1
+            checked += 1
     dec.synchronize()
     print(f"hostile run: {checked} batches equal to the CPU")
     return 0
+
+
+def lanes_verdicts(shard: np.ndarray, offs: list, lanes: int) -> np.ndarray:
+    """``verdicts_lanes_cuda`` launched as the engine launches it (blocks of LANES_BLOCK
+    threads; one under the simulator, where it is slow), over the whole shard."""
+    from numba import cuda
+
+    from ndp.engine.backend import simulated
+    from ndp.kernels import verdict_cuda
+    from ndp.kernels.crc16 import CRC16_TABLES
+    from ndp.kernels.verdict import NO_VOCAB
+    from ndp.wire.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE
+
+    offsets = np.array(offs, np.int64)
+    out = cuda.device_array(offsets.shape[0], np.int64)
+    block = lanes if simulated() else verdict_cuda.LANES_BLOCK
+    verdict_cuda.verdicts_lanes_cuda[2, block](
+        cuda.to_device(shard), cuda.to_device(offsets), cuda.device_array(0, np.int64), out,
+        cuda.to_device(CRC16_TABLES),
+        *(cuda.to_device(t) for t in (TYP_WIDTH_TABLE, TYP_MASKED_TABLE, TYP_SKIP_TABLE)),
+        np.int64(NO_VOCAB), np.int64(lanes))
+    return out.copy_to_host()
+
+
+def cpu_verdicts(shard: np.ndarray, offs: list) -> np.ndarray:
+    from ndp.kernels.verdict import NO_VOCAB, verdicts_cpu
+
+    out = np.empty(len(offs), np.int64)
+    verdicts_cpu(shard, np.array(offs, np.int64), np.zeros(0, np.int64), out, NO_VOCAB)
+    return out
 
 
 if __name__ == "__main__":

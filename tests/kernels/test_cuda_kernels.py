@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from numba import cuda
 
 from ndp.wire.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
+from ndp.wire.packet import encode_tokens
 from ndp.loader import packing
 from ndp.kernels import build_cuda, verdict_cuda
 from ndp.kernels.build import build_packed_cpu, build_packing_cpu, build_padded_cpu
@@ -33,13 +34,18 @@ NO_LIMITS = cuda.device_array(0, np.int64)
 
 
 def gpu_verdicts(data: np.ndarray, offsets: np.ndarray, limits=None, grid: int = 2,
-                 vocab: int = NO_VOCAB) -> np.ndarray:
+                 vocab: int = NO_VOCAB, lanes: int = 1) -> np.ndarray:
+    """The device's verdicts: one thread a packet, or ``lanes`` threads a packet (blocks of two
+    packets' lanes, so a block's groups share its barriers)."""
     out = cuda.device_array(offsets.shape[0], np.int64)
+    out.copy_to_device(np.full(offsets.shape[0], 999, np.int64))  # poisoned: all written?
     lim = NO_LIMITS if limits is None else cuda.to_device(limits)
-    verdict_cuda.verdicts_cuda[grid, BLOCK](
-        cuda.to_device(data), cuda.to_device(offsets), lim, out, TABLES, W, M, S,
-        np.int64(vocab)
-    )
+    args = (cuda.to_device(data), cuda.to_device(offsets), lim, out, TABLES, W, M, S,
+            np.int64(vocab))
+    if lanes == 1:
+        verdict_cuda.verdicts_cuda[grid, BLOCK](*args)
+    else:
+        verdict_cuda.verdicts_lanes_cuda[grid, 2 * lanes](*args, np.int64(lanes))
     return out.copy_to_host()
 
 
@@ -56,11 +62,12 @@ def cpu_status(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return status
 
 
-def test_verdicts_for_every_drop_reason():
+@pytest.mark.parametrize("lanes", [1, 3, 4])
+def test_verdicts_for_every_drop_reason(lanes):
     data, offsets, expected = drop_case()
     data = np.frombuffer(data, np.uint8)
     offs = np.array(offsets, np.int64)
-    got = gpu_verdicts(data, offs)
+    got = gpu_verdicts(data, offs, lanes=lanes)
     np.testing.assert_array_equal(got, cpu_verdicts(data, offs))
     np.testing.assert_array_equal(status_of(got), cpu_status(data, offs))  # validation's codes
     names = ["ok" if v >= 0 else DropReason(-v).name for v in got]
@@ -99,12 +106,48 @@ def test_a_packet_running_past_its_limit_is_truncated_whatever_follows():
 
 
 @settings(max_examples=12)
-@given(st.lists(corruption, min_size=1, max_size=3), st.lists(st.integers(-50, 2000), max_size=5))
-def test_verdicts_property_corrupted(ops, hostile):
+@given(st.lists(corruption, min_size=1, max_size=3), st.lists(st.integers(-50, 2000), max_size=5),
+       st.sampled_from([1, 2, 4]))
+def test_verdicts_property_corrupted(ops, hostile, lanes):
     base = base_stream()
     data = np.frombuffer(corrupt(base.data, ops), np.uint8)
     offs = np.array(list(base.offsets) + hostile, np.int64)
-    np.testing.assert_array_equal(gpu_verdicts(data, offs, grid=1), cpu_verdicts(data, offs))
+    np.testing.assert_array_equal(gpu_verdicts(data, offs, grid=1, lanes=lanes),
+                                  cpu_verdicts(data, offs))
+
+
+def test_lanes_share_long_packets_and_their_token_range_checks():
+    """Packets long enough that every lane has chunks (and some lanes a chunk more than
+    others), one id past the vocabulary in a late lane's share, a flipped byte in another lane's
+    share, limits from two shards: the verdicts of 1, 2, 4 and 8 lanes a packet are the CPU's."""
+    rng = np.random.default_rng(5)
+    packets = [encode_tokens(rng.integers(0, 900, n), width=w, mask=m)
+               for n, w, m in [(61, 4, None), (130, 2, [1, 0] * 65), (1, 4, None), (97, 4, None),
+                               (200, 2, None), (33, 4, [1] * 33)]]
+    bad = bytearray(packets[4])
+    bad[300] ^= 0x10  # BAD_CRC, in a late chunk
+    packets[4] = bytes(bad)
+    high = bytearray(packets[3])
+    high[6 + 4 * 90: 6 + 4 * 91] = (5000).to_bytes(4, "big")  # id 5000 >= vocab, CRC redone
+    import binascii
+    high[-2:] = binascii.crc_hqx(bytes(high[:-2]), 0xFFFF).to_bytes(2, "big")
+    packets[3] = bytes(high)
+    data = np.frombuffer(b"".join(packets), np.uint8)
+    offs = np.concatenate([[0], np.cumsum([len(p) for p in packets])[:-1]]).astype(np.int64)
+    limits = np.full(offs.shape[0], data.shape[0], np.int64)
+    limits[:2] = offs[2] - 1  # the second packet runs past its shard's end
+    want = cpu_verdicts(data, offs, limits, vocab=1000)
+    assert {-int(DropReason.BAD_CRC), -int(DropReason.TOKEN_RANGE),
+            -int(DropReason.TRUNCATED)} <= set(want.tolist())
+    for lanes in (1, 2, 4, 8):
+        got = gpu_verdicts(data, offs, limits, grid=2, vocab=1000, lanes=lanes)
+        np.testing.assert_array_equal(got, want, err_msg=f"{lanes} lanes")
+
+
+@pytest.mark.parametrize("mean, lanes", [(40, 1), (255, 1), (256, 2), (1024, 8), (4106, 32),
+                                          (1 << 20, 32)])
+def test_lanes_grow_with_the_packets(mean, lanes):
+    assert verdict_cuda.lanes_for(mean) == lanes
 
 
 def _rows(data, offs):

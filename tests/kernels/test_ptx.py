@@ -39,6 +39,7 @@ def test_every_kernel_signature_compiles_to_ptx(arch):
     assert {r["kernel"] for r in records} == expected
     assert expected == {
         "ndp.kernels.verdict_cuda.verdicts_cuda",
+        "ndp.kernels.verdict_cuda.verdicts_lanes_cuda",
         "ndp.kernels.build_cuda.build_padded_cuda",
         "ndp.kernels.build_cuda.build_packed_cuda",
         "ndp.kernels.build_cuda.build_packing_cuda",
