@@ -59,7 +59,7 @@ METRICS = {
     "launch__grid_size": "grid_size",
     "launch__waves_per_multiprocessor": "waves_per_sm",
 }
-KERNELS = "regex:verdicts_cuda|build_(padded|packed|packing)_cuda"
+KERNELS = "regex:verdicts_(lanes_)?cuda|build_(padded|packed|packing)_cuda"
 #: what ncu collects: the metrics by name, or (should this ncu not know one of them) the
 #: sections that hold them, whose raw page names the same metrics
 COLLECT = (["--metrics", ",".join(METRICS)],
