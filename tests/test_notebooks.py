@@ -178,6 +178,16 @@ def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monk
                  {"mode": "padded", "batch": 64, "tokens_per_s": None,
                   "ns_per_token": {"stage": 2.63, "build": None, "process": 9.43}}],
     })
+    _write(tmp_path / "kernel-profile-1.json", {
+        "benchmark": "kernel_profile", "created": "c", "machine": machine,
+        "device": {"name": "Test GPU"}, "command": "python benchmarks/kernel_profile.py",
+        "modes": {"padded": {"launches": [
+            {"kernel": "cudapy::ndp::kernels::verdict_cuda::verdicts_lanes_cuda[abi]",
+             "duration_us": 67.5, "tokens_per_s": 6.2e10, "dram_gb_per_s": 255.0,
+             "dram_bytes_over_floor": 1.02, "sm_pct_of_peak": 71.9,
+             "achieved_occupancy_pct": 35.7},
+            {"kernel": "build_padded_cuda", "duration_us": None}]}},
+    })
     _write(tmp_path / "sim-1.json", {"results": {"gpu_host_padded": {"tokens_per_s": 1.0}}})
     _write(tmp_path / "broken.json", "{not json")
     _write(tmp_path / "other.json", {"something": 1})
@@ -185,6 +195,7 @@ def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monk
     nb = execute("benchmark.ipynb")
     text = text_of(nb)
     assert "kinds with no results file: none" in text
+    assert "verdicts_lanes_cuda" in text and "67.5" in text and "62.0" in text
     for shown in ("ndp-cpu-padded", "jsonl-tokenize", "gpu_resident_padded", "Test GPU",
                   "650.0", "60.000", "3.50", "1,500.0", "ndp_cuda_resident_padded", "5.500",
                   "0.031", "0.016", "test corpus", "packed B=16", "7.36", "padded B=64",
@@ -193,7 +204,7 @@ def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monk
     assert "n/a" in text  # the missing figures are marked, not filled in
     for refused in ("sim-1.json", "broken.json", "other.json"):
         assert refused in text.split("not shown:")[-1]
-    assert images(nb) == 6  # decode, loader, pipelines, breakdown, GPU calls, GPU Loader
+    assert images(nb) == 7  # decode, loader, pipelines, breakdown, GPU calls, GPU Loader, kernels
 
 
 def test_benchmark_notebook_with_no_results(tmp_path, monkeypatch):
@@ -201,7 +212,7 @@ def test_benchmark_notebook_with_no_results(tmp_path, monkeypatch):
     nb = execute("benchmark.ipynb")
     text = text_of(nb)
     assert "0 JSON file(s) (the directory does not exist)" in text
-    assert text.count(": skipped.") == 6 and "kinds with results: none" in text
+    assert text.count(": skipped.") == 7 and "kinds with results: none" in text
     assert images(nb) == 0
 
 

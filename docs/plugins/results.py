@@ -41,6 +41,8 @@ FEATURED = {
     "gpu-host": ["gpu-host-20261126-150300.json", "gpu-host-20261126-140840-at-d34480e.json"],
     # the same command on two fresh H100 machines of one day: how far a run moves
     "gpu-loader": ["gpu-loader-20261126-163058.json", "gpu-loader-20261126-164336.json"],
+    # the verdicts of several threads a long packet, then one thread a packet (before)
+    "kernels": ["kernel-profile-20261127-071623.json", "kernel-profile-20261127-065339.json"],
 }
 
 
@@ -129,7 +131,8 @@ def kinds_of(name: str, report: dict) -> list[str]:
                                    ("train-gpt2-", "train-gpt2", "rows", list),
                                    ("bad-inputs-", "bad-inputs", "cases", list),
                                    ("scale-", "scale", "records", list),
-                                   ("schedule-", "schedule", "modes", dict)):
+                                   ("schedule-", "schedule", "modes", dict),
+                                   ("kernel-profile-", "kernels", "modes", dict)):
         if name.startswith(prefix) and isinstance(report.get(key), typ):
             kinds.append(kind)
     return kinds
