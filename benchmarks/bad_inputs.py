@@ -352,6 +352,7 @@ def _not_dict(tmp):
 # imported, after the groups above (it imports its helpers from this module); the shards after
 import bad_inputs_more  # noqa: E402,F401
 import bad_inputs_round3  # noqa: E402,F401
+import bad_inputs_schedules  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------------- the shards

@@ -160,6 +160,7 @@ class Loader(StepViews):
         cache_limit: int | None = None,
         device: int | None = None,
         batch_tokens: int | Schedule | None = None,
+        max_steps: int | None = None,
     ) -> None:
         check_options(mode=mode, batch_size=batch_size, seq_len=seq_len,
                       batch_tokens=batch_tokens, prefetch=prefetch,
@@ -167,7 +168,7 @@ class Loader(StepViews):
                       vocab_size=vocab_size, output=output, crc_drop_rate=crc_drop_rate,
                       shuffle=shuffle, resident=resident, progress=progress, verify=verify,
                       manifest=manifest, device=device, device_budget=device_budget,
-                      cache_limit=cache_limit, mix=mix)
+                      cache_limit=cache_limit, mix=mix, max_steps=max_steps)
         # Python's own types from here on (a NumPy int or bool passes the checks); a batch
         # shape of one phase is its int (``ndp.loader.shapes``), as states record it
         batch_size, seq_len, batch_tokens = (
@@ -202,6 +203,7 @@ class Loader(StepViews):
                          shuffle=shuffle, seed=seed, rank=self.rank, world_size=self.world_size,
                          crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by,
                          mix_size=mix_size, shuffle_window=shuffle_window)
+        self.plan.max_steps = None if max_steps is None else int(max_steps)
         if self.backend == "cuda":
             from ndp.engine.cuda import CudaEngine
             from ndp.loader.device_shards import DeviceShards
@@ -279,10 +281,6 @@ class Loader(StepViews):
         self.plan.set_start(checked["epoch"], start)
         self._state = checked
 
-    @property
-    def epoch(self) -> int:
-        return self._state["epoch"]
-
     def __len__(self) -> int:
         """Batches this rank delivers in the whole current epoch (the one the next loop
         continues or starts), exact before the epoch is read: every rank delivers as many,
@@ -291,15 +289,9 @@ class Loader(StepViews):
 
         With ``mix=`` it may differ from epoch to epoch. An int ``mix_size`` fixes it in
         ``padded`` mode only: it fixes an epoch's packets, ``batch_size`` to a padded batch;
-        ``packed`` and ``packing`` batches follow the tokens of each epoch's packets."""
-        return self.plan.epoch_batches(self.epoch)
-
-    @property
-    def remaining(self) -> int:
-        """Batches this rank still delivers in the current epoch: ``len(loader)`` at an
-        epoch's start, the rest after ``load_state_dict`` of a state saved mid-epoch, one less
-        per batch a loop takes."""
-        return len(self) - self._state["batch"]
+        ``packed`` and ``packing`` batches follow the tokens of each epoch's packets. With
+        ``max_steps`` an epoch counts the batches before the run's end."""
+        return self.plan.run_batches(self.epoch)
 
     # ----------------------------------------------------------------------------- iterate
     def __iter__(self) -> Iterator[dict]:
@@ -308,6 +300,7 @@ class Loader(StepViews):
         The producer thread outlives the epoch (it is already decoding the next one); leaving
         the loop early, ``close()``, ``load_state_dict`` or dropping the loader stops it."""
         refuse_if_forked(self)
+        self._refuse_past_end()
         self._cut.start(self.epoch)  # before the epoch's first batch and its producer, once
         token = object()
         with self._lock:
@@ -352,6 +345,8 @@ class Loader(StepViews):
                         return
                     _, epoch, chunk = item
                     for batch, laid in self._ring.serve(chunk.slot, chunk.layout.batches):
+                        if self.plan.ended(self.step):  # the run's end (max_steps)
+                            return
                         self._state = {"epoch": epoch, **laid.state}
                         self.stats.add(laid.counted)
                         self.stats.batches += 1

@@ -14,7 +14,7 @@ from ndp.checks import INT32_END, choice, flag, integer
 from ndp.engine.cpu import OUTPUTS, grow
 from ndp.errors import CacheFullError, ConfigError, DataError
 from ndp.loader.order import check_drop_rate, shards_at_once
-from ndp.loader.schedule import Schedule
+from ndp.loader.schedule import Schedule, check_run_end
 from ndp.loader.shapes import Shapes
 
 MODES = ("padded", "packed", "packing")
@@ -27,7 +27,7 @@ def check_options(*, mode: str, batch_size: Any, seq_len: Any, batch_tokens: Any
                   resident: bool = False, progress: bool = False, verify: str = "size",
                   manifest: str = "check", device: int | None = None,
                   device_budget: int | None = None, cache_limit: int | None = None,
-                  mix: Any = None) -> None:
+                  mix: Any = None, max_steps: int | None = None) -> None:
     """``ConfigError`` for any option of a type or value the Loader cannot work with (one
     check per option, ``ndp.checks``: a string for a number, a float for an integer, NaN, a
     bool for a number, a name not among the allowed ones); torch imported now if the batches
@@ -51,6 +51,10 @@ def check_options(*, mode: str, batch_size: Any, seq_len: Any, batch_tokens: Any
     integer("device", device, least=0, none=True)
     integer("device_budget", device_budget, least=1, none=True)
     integer("cache_limit", cache_limit, least=1, none=True)
+    max_steps = integer("max_steps", max_steps, least=1, none=True)
+    for name, value in (("batch_size", batch_size), ("seq_len", seq_len),
+                        ("batch_tokens", batch_tokens), ("mix", mix)):
+        check_run_end(name, value, max_steps)
     if mix is not None and not isinstance(mix, (Mapping, Schedule)):
         raise ConfigError(f"mix must be a dict of {{source: weight}}, a Schedule of them, or "
                           f"None, got {type(mix).__name__}")

@@ -166,3 +166,16 @@ def _check_linear(k: int, value: Any, first: Any) -> None:
             number(x, f"the value of {key!r}")
     else:
         number(value, "its value")
+
+
+def check_run_end(name: str, value: Any, max_steps: int | None) -> None:
+    """``ConfigError`` naming the phase of ``value`` (a ``Schedule`` given as option ``name``)
+    that begins at or after the run's end (``max_steps``): it would never be used."""
+    if max_steps is None or not isinstance(value, Schedule):
+        return
+    for k, step in enumerate(value.steps):
+        if step >= max_steps:
+            raise ConfigError(
+                f"{name} phase {k} (from step {step:,}) begins at or after the run's end "
+                f"(max_steps={max_steps:,}): it would never be used; end the schedule before "
+                f"step {max_steps:,}, or make the run longer")

@@ -20,6 +20,20 @@ class RunSteps:
     shapes: Shapes
     _starts: dict[int, int]
     epoch_batches: Any
+    #: the run's last step plus one (``max_steps``), or None: a run of as many epochs as asked
+    max_steps: int | None = None
+
+    def run_batches(self, epoch: int) -> int:
+        """Batches ``epoch`` delivers in this run: all of them, or those before the run's end
+        (``max_steps``): fewer in the epoch it ends in, none after."""
+        n = self.epoch_batches(epoch)
+        if self.max_steps is None:
+            return n
+        return max(0, min(n, self.max_steps - self.start_step(epoch)))
+
+    def ended(self, step: int) -> bool:
+        """Whether run step ``step`` is at or past the run's end."""
+        return self.max_steps is not None and step >= self.max_steps
 
     def _set_shapes(self, batch_size: Any, seq_len: Any, batch_tokens: Any = None) -> None:
         """``shapes``: the batch shape of every run step (``ndp.loader.shapes``);
@@ -57,12 +71,39 @@ class RunSteps:
 
 
 class StepViews:
-    """A ``Loader``'s view of the run's steps: ``step`` and the next batch's shape (the
-    Loader gives ``plan``, ``epoch`` and ``_state``)."""
+    """A ``Loader``'s view of the run's steps: ``epoch``, ``step``, ``remaining``, the run's
+    end and the next batch's shape (the Loader gives ``plan``, ``_state`` and ``len``)."""
 
     plan: Any
-    epoch: int
     _state: dict
+    __len__: Any
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next loop continues or starts."""
+        return self._state["epoch"]
+
+    @property
+    def remaining(self) -> int:
+        """Batches this rank still delivers in the current epoch: ``len(loader)`` at an
+        epoch's start, the rest after ``load_state_dict`` of a state saved mid-epoch, one less
+        per batch a loop takes."""
+        return len(self) - self._state["batch"]
+
+    @property
+    def max_steps(self) -> int | None:
+        """The run's end (``max_steps=``): a loop stops before the batch of that step, and a
+        loop begun there is refused (``LoaderUsageError``); None: no end."""
+        return self.plan.max_steps
+
+    def _refuse_past_end(self) -> None:
+        if self.plan.ended(self.step):
+            from ndp.errors import LoaderUsageError
+
+            raise LoaderUsageError(
+                f"this run ended at step {self.plan.max_steps:,} (max_steps): there is nothing "
+                f"left to deliver; stop the training loop at loader.step >= loader.max_steps, "
+                f"or make a Loader with a larger max_steps and load this one's state_dict()")
 
     @property
     def step(self) -> int:
