@@ -109,8 +109,19 @@ def _remote_options(p: argparse.ArgumentParser) -> None:
                         "~/.cache/ndp)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, which keeps its last usage error (its subcommands' parsers are of
+    its class) for ``main`` to give as JSON when ``--json`` was asked for."""
+
+    last_error: str | None = None
+
+    def error(self, message: str):  # type: ignore[override]
+        _Parser.last_error = message
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ndp", description="Neural Datagram Protocol shards: convert, export, index, "
         "inspect, verify, and a demo of the whole path")
     parser.add_argument("--version", action="version", version=f"ndp {_version()}")
@@ -259,22 +270,42 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # ndp never downloads a tokenizer
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     _log_to_stderr()
-    args = build_parser().parse_args(argv)
+    # with --json a script reads stdout: an error is a JSON object there too, not nothing
+    as_json = "--json" in (sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        if as_json and exc.code not in (0, None):
+            _json_error(f"usage: {_Parser.last_error}", int(exc.code))
+        raise
+
+    def fail(message: str, code: int) -> int:
+        print(f"ndp {args.command}: error: {message}", file=sys.stderr)
+        if getattr(args, "json", False):
+            _json_error(message, code)
+        return code
+
     try:
         return args.func(args)
     except ConvertError as err:  # the inputs' records were unusable: like damage found
-        print(f"ndp {args.command}: error: {cli_message(err)}", file=sys.stderr)
-        return 1
+        return fail(cli_message(err), 1)
     except NDPError as err:
-        print(f"ndp {args.command}: error: {cli_message(err)}", file=sys.stderr)
-        return 2
+        return fail(cli_message(err), 2)
+    except BrokenPipeError:  # the reader left (``ndp inspect ... | head``): not an error
+        # of ndp's; stdout to /dev/null so that Python's exit flush does not fail again, and
+        # the status a command killed by SIGPIPE has (128 + 13)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except OSError as err:  # a path that cannot be read or written: the user's to fix
         where = f"{err.filename}: " if err.filename else ""
-        print(f"ndp {args.command}: error: {where}{err.strerror or err} (check the path and "
-              f"its permissions)", file=sys.stderr)
-        return 2
+        return fail(f"{where}{err.strerror or err} (check the path and its permissions)", 2)
     except KeyboardInterrupt:
         return 130
+
+
+def _json_error(message: str, code: int) -> None:
+    """An error as the JSON a ``--json`` caller reads from stdout."""
+    print(json.dumps({"error": message, "exit": code}, indent=2))
 
 
 if __name__ == "__main__":

@@ -302,3 +302,41 @@ def test_a_fifo_named_like_a_shard_is_refused_not_waited_on(converted, tmp_path)
                                 text=True, timeout=120)
         assert result.returncode == 2, (argv, result.stdout, result.stderr)
         assert str(fifo) in result.stderr and "a FIFO, not a regular file" in result.stderr
+
+
+def test_a_reader_that_leaves_early_is_not_an_error(tmp_path):
+    """``ndp inspect ... | head``: the pipe closed before ndp wrote, so its writes fail with
+    EPIPE. That is the reader's choice, not a path to check: no message, the status of a
+    command killed by SIGPIPE (141), as before it said 'Broken pipe (check the path and its
+    permissions)' and exited 2."""
+    from ndp.store.writer import ShardWriter
+    from ndp.wire.packet import encode_tokens
+
+    with ShardWriter(tmp_path) as writer:
+        for k in range(20):
+            writer.write(encode_tokens(np.arange(k, k + 9)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from ndp.cli.main import main; "
+         "sys.exit(main(sys.argv[1:]))", "inspect", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # long before the child has imported ndp and written a line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Broken pipe" not in err and "Traceback" not in err
+
+
+def test_json_output_says_an_error_as_json(tmp_path, capsys):
+    """A script that reads ``--json`` from stdout gets a JSON object for an error too (before:
+    nothing on stdout), a usage error included; the message stays on stderr as well."""
+    assert main(["verify", "--json", str(tmp_path / "nothing")]) == 2
+    out, err = capsys.readouterr()
+    got = json.loads(out)
+    assert got["exit"] == 2 and "nothing: no such shard or directory" in got["error"]
+    assert "no such shard" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["verify", "--json"])
+    assert exc.value.code == 2
+    got = json.loads(capsys.readouterr().out)
+    assert got == {"error": "usage: the following arguments are required: shards", "exit": 2}
+    assert main(["verify", str(tmp_path / "nothing")]) == 2  # without --json: stderr alone
+    assert capsys.readouterr().out == ""
