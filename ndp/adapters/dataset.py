@@ -120,7 +120,7 @@ class NDPDataset:
         self,
         path: PathLike | Sequence[PathLike],
         seq_len: int = 512,
-        pad_token_id: int = 0,
+        pad_token_id: int | None = None,
         crc_drop_rate: float = 0.0,
         *,
         seed: int = 0,
@@ -133,7 +133,7 @@ class NDPDataset:
         cache_limit: int | None = None,
     ) -> None:
         integer("seq_len", seq_len, least=1)
-        integer("pad_token_id", pad_token_id, least=-INT32_END, most=INT32_END - 1)
+        integer("pad_token_id", pad_token_id, least=-INT32_END, most=INT32_END - 1, none=True)
         integer("seed", seed, least=0)
         integer("epoch", epoch, least=0)
         integer("vocab_size", vocab_size, least=1, most=INT32_END, none=True)
@@ -146,7 +146,6 @@ class NDPDataset:
                      f"attention_mask, int64)", 3 * 8 * int(seq_len),
                      "make seq_len smaller (a row need not be longer than the longest packet)")
         self.seq_len = int(seq_len)
-        self.pad_token_id = int(pad_token_id)
         self.crc_drop_rate = float(crc_drop_rate)
         self.seed = int(seed)
         self.on_stale = on_stale
@@ -155,6 +154,9 @@ class NDPDataset:
             path, on_stale=on_stale, verify="full", manifest=manifest,
             storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
         corpus = self._corpus
+        #: ``pad_token_id``, else the manifest's tokenizer's padding id, else 0
+        self.pad_token_id = int(corpus.pad_token_id or 0 if pad_token_id is None
+                                else pad_token_id)
         self._paths = list(corpus.paths)
         self._n_packets = corpus.n_packets
         vocab = vocab_size or corpus.vocab_size or NO_VOCAB

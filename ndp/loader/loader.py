@@ -135,7 +135,7 @@ class Loader(StepViews):
         batch_size: int | Schedule | None = None,
         seq_len: int | Schedule,
         mode: str = "padded",
-        pad_token_id: int = 0,
+        pad_token_id: int | None = None,
         shuffle: bool = True,
         shuffle_window: int | str = WINDOW_BYTES,
         seed: int = 0,
@@ -174,7 +174,7 @@ class Loader(StepViews):
         batch_size, seq_len, batch_tokens = (
             None if value is None else setting(shape_schedule(name, value)) for name, value in
             (("batch_size", batch_size), ("seq_len", seq_len), ("batch_tokens", batch_tokens)))
-        prefetch, seed, pad_token_id = map(int, (prefetch, seed, pad_token_id))
+        prefetch, seed = map(int, (prefetch, seed))
         crc_drop_rate, shuffle = float(crc_drop_rate), bool(shuffle)
         chunk_batches = None if chunk_batches is None else int(chunk_batches)
         self.backend = resolve_backend(backend)
@@ -185,6 +185,8 @@ class Loader(StepViews):
         #: token ids must be below this: ``vocab_size``, else the dataset's manifest's, else
         #: 2**31 (an id must fit int32); a packet with one past it is dropped (TOKEN_RANGE)
         self.vocab_size = vocab_size or self.corpus.vocab_size or NO_VOCAB
+        #: ``pad_token_id``, else the manifest's tokenizer's padding id, else 0
+        pad_token_id = int(self.corpus.pad_token_id or 0 if pad_token_id is None else pad_token_id)
         self.mode = mode
         #: ``batch_size``, ``seq_len`` and ``batch_tokens`` as given: an int, a schedule's
         #: record (``setting``), or None (``batch_tokens`` in a state only when given)

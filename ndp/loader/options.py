@@ -22,7 +22,7 @@ MODES = ("padded", "packed", "packing")
 
 def check_options(*, mode: str, batch_size: Any, seq_len: Any, batch_tokens: Any = None,
                   prefetch: int, seed: int,
-                  pad_token_id: int, chunk_batches: int | None, vocab_size: int | None,
+                  pad_token_id: int | None, chunk_batches: int | None, vocab_size: int | None,
                   output: str, crc_drop_rate: float = 0.0, shuffle: bool = True,
                   resident: bool = False, progress: bool = False, verify: str = "size",
                   manifest: str = "check", device: int | None = None,
@@ -40,7 +40,7 @@ def check_options(*, mode: str, batch_size: Any, seq_len: Any, batch_tokens: Any
                           "batch_size (a Schedule of it to change it with the step)")
     prefetch = integer("prefetch", prefetch, least=0)
     integer("seed", seed, least=0)
-    integer("pad_token_id", pad_token_id, least=-INT32_END, most=INT32_END - 1)
+    integer("pad_token_id", pad_token_id, least=-INT32_END, most=INT32_END - 1, none=True)
     chunk_batches = integer("chunk_batches", chunk_batches, least=1, none=True)
     integer("vocab_size", vocab_size, least=1, most=INT32_END, none=True)
     check_drop_rate(crc_drop_rate)

@@ -121,6 +121,9 @@ class Corpus:
         #: the largest vocabulary size the manifests record (None if none does)
         sizes = [tokenizer_of(m).get("vocab_size") for m in self.manifests]
         self.vocab_size = max([v for v in sizes if isinstance(v, int) and v > 0], default=None)
+        #: the padding id the manifests' tokenizer records (None if none does, or they differ)
+        pads = {tokenizer_of(m).get("pad_token_id") for m in self.manifests} - {None}
+        self.pad_token_id = pads.pop() if len(pads) == 1 else None
         if not pairs:
             raise ConfigError("no shards given")
         self.shards = [p if isinstance(p, Shard) else Shard(p) for p, _ in pairs]

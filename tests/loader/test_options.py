@@ -121,3 +121,34 @@ def test_a_launchers_rank_that_is_no_integer_is_named(data, monkeypatch):
 def test_ndpdataset_checks_its_options_the_same_way(data, kw, match):
     with pytest.raises(ConfigError, match=match):
         NDPDataset(data, **kw)
+
+
+def test_padding_defaults_to_the_pad_id_the_manifest_records(tmp_path):
+    """``pad_token_id`` not given: the dataset's tokenizer's padding id (its manifest), not 0,
+    which is a real token (EOS in the quick start's tokenizer); given: that one; a dataset
+    whose manifest records none pads with 0. NDPDataset the same."""
+    import numpy as np
+
+    from ndp.adapters.dataset import NDPDataset
+    from ndp.loader.loader import Loader
+    from ndp.store.writer import ShardWriter
+    from ndp.wire.packet import encode_tokens
+
+    for name, tokenizer in (("with", {"vocab_size": 8000, "eos_token_id": 0,
+                                      "pad_token_id": 7}), ("without", None)):
+        with ShardWriter(tmp_path / name) as writer:
+            for k in range(4):
+                writer.write(encode_tokens(np.arange(10 * k + 1, 10 * k + 3)))
+            writer.commit({"tokenizer": tokenizer} if tokenizer else None)
+
+    def pads(path, **kw):
+        with Loader(path, mode="padded", batch_size=2, seq_len=5, backend="cpu",
+                    output="arrays", shuffle=False, **kw) as loader:
+            batch = next(iter(loader))
+        return set(np.unique(batch["input_ids"][batch["attention_mask"] == 0]).tolist())
+
+    assert pads(tmp_path / "with") == {7}
+    assert pads(tmp_path / "with", pad_token_id=3) == {3}
+    assert pads(tmp_path / "without") == {0}
+    ds = NDPDataset(str(tmp_path / "with"), seq_len=5)
+    assert ds.pad_token_id == 7 and ds[0]["input_ids"].tolist()[-3:] == [7, 7, 7]
