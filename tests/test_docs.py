@@ -134,3 +134,11 @@ def test_the_readme_headline_is_read_from_the_results_files():
         "README.md's headline differs from the results files: run "
         "python docs/plugins/headline.py --write")
     assert "n/a" not in block
+
+
+def test_every_quickstart_block_that_uses_ndp_imports_it():
+    """A reader copies one block of the quick start, not the page: each block that calls
+    ``ndp.`` imports it itself."""
+    blocks = markdown_blocks((DOCS / "quickstart.md").read_text(encoding="utf-8"))
+    lacking = [b.splitlines()[0] for b in blocks if "ndp." in b and "import ndp" not in b]
+    assert not lacking, lacking
