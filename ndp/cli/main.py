@@ -154,9 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "packets) or truncate; auto (default): split plain-text documents "
                         "(pretraining), truncate chat, prompt/completion and alpaca examples")
     p.add_argument("--src", type=_enum_arg(Src), default="text_corpus",
-                   help="SRC tag: " + ", ".join(m.name.lower() for m in Src))
+                   help="where the data came from, written in every packet's SRC byte: "
+                        + ", ".join(m.name.lower() for m in Src) + "; the Loader can mix "
+                        "datasets by it (mix_by='src'); the tokens are the same whatever it is "
+                        "(default: text_corpus)")
     p.add_argument("--dst", type=_enum_arg(Dst), default="embedding",
-                   help="DST tag: " + ", ".join(m.name.lower() for m in Dst))
+                   help="the layer the data is meant for, written in every packet's DST byte: "
+                        + ", ".join(m.name.lower() for m in Dst) + "; recorded for your own "
+                        "tools, ndp's loaders do not use it (default: embedding)")
     p.add_argument("--token-width", type=int, choices=(0, 2, 4), default=0,
                    help="bytes per token; 0 = 2 if the vocabulary fits, else 4")
     p.add_argument("--strict", action="store_true",

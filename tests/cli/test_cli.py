@@ -185,8 +185,10 @@ def test_version_and_help_show_defaults_and_allowed_values(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for shown in ("tokens per example, EOS included (default: 2048)",
                   "records per tokenizer call (default: 512)", "(default: 256)",
-                  "SRC tag: text_corpus, code_repo, gradient (default: text_corpus)",
-                  "DST tag: embedding, attention, ffn, lora"):
+                  "SRC byte: text_corpus, code_repo, gradient; the Loader can mix datasets "
+                  "by it (mix_by='src')", "(default: text_corpus)",
+                  "DST byte: embedding, attention, ffn, lora; recorded for your own tools, "
+                  "ndp's loaders do not use it"):
         assert shown in text
     assert "(default: None)" not in text and "(default: False)" not in text
 
