@@ -62,3 +62,20 @@ def test_demo_max_files_zero_is_refused_not_all():
     assert len(stdlib_files(3)) == 3
     with pytest.raises(SystemExit):
         build_parser().parse_args(["demo", "--max-files", "0"])
+
+
+def test_the_demo_cuts_its_sft_examples_without_a_warning_meant_for_ones_own_data(caplog):
+    """The demo truncates SFT examples on purpose (its summary says so); the converter's
+    warning, with advice for one's own data, is left out there, and nothing else is."""
+    import logging
+
+    from ndp.cli.demo import _quiet_truncation
+
+    log = logging.getLogger("ndp.convert")
+    with caplog.at_level(logging.WARNING, logger="ndp.convert"):
+        with _quiet_truncation(True):
+            log.warning("truncation cut %.1f%% of the tokens", 4.9)
+            log.warning("another warning")
+        log.warning("truncation cut %.1f%% of the tokens", 4.9)  # outside: said
+    assert [r.getMessage() for r in caplog.records] == [
+        "another warning", "truncation cut 4.9% of the tokens"]
