@@ -118,7 +118,10 @@ def build_corpus(workdir: Path, files: list[Path]) -> tuple[Path, Path, int]:
 def train_tokenizer(texts: list[str], out_dir: Path, *, vocab_size: int = 8192) -> Path:
     """Train a byte-level BPE on ``texts`` and save it as a Hugging Face tokenizer directory."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+
+    from ndp.convert.tokenizer import transformers_name
+
+    PreTrainedTokenizerFast = transformers_name("PreTrainedTokenizerFast")
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

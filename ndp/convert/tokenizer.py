@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,22 @@ def is_path_like(name: str) -> bool:
     return any(s in name for s in seps) or len(parts) > 2 or os.path.isdir(parts[0])
 
 
+def transformers_name(name: str) -> Any:
+    """``transformers.<name>``, imported without its advice that PyTorch was not found: the
+    converter needs tokenizers only, and an install without torch (``[tokenize]``) is meant."""
+    if "transformers" not in sys.modules:
+        before = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+        os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+        try:
+            import transformers  # noqa: F401 - its import is what says it
+        finally:
+            if before is None:
+                del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
+            else:
+                os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = before
+    return getattr(sys.modules["transformers"], name)
+
+
 def load_tokenizer(name_or_path: str) -> Any:
     """A fast tokenizer from a local directory or the local Hugging Face cache; never downloads.
     A path (``is_path_like``) that is not a directory is a ``TokenizerError`` naming it."""
@@ -40,7 +57,7 @@ def load_tokenizer(name_or_path: str) -> Any:
                 "one in the local Hugging Face cache (HF_HOME); ndp never downloads.")
         name_or_path = str(path)
     try:
-        from transformers import AutoTokenizer
+        AutoTokenizer = transformers_name("AutoTokenizer")
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise TokenizerError("the converter needs transformers: "
                              "pip install 'neural-datagram[tokenize]'") from err

@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,30 @@ def test_the_demo_cuts_its_sft_examples_without_a_warning_meant_for_ones_own_dat
         log.warning("truncation cut %.1f%% of the tokens", 4.9)  # outside: said
     assert [r.getMessage() for r in caplog.records] == [
         "another warning", "truncation cut 4.9% of the tokens"]
+
+
+def test_an_install_without_torch_is_not_told_pytorch_was_not_found(tmp_path):
+    """``[tokenize]`` installs transformers without torch, on purpose: loading and training a
+    tokenizer does not print transformers' advice that PyTorch was not found (before: the
+    demo's first lines). The child process is made to see no torch the way transformers looks
+    for it (``importlib.util.find_spec``) and the way an import does."""
+    hide = textwrap.dedent("""
+        import importlib.abc, importlib.util, sys
+        _find = importlib.util.find_spec
+        importlib.util.find_spec = lambda name, package=None: (
+            None if name.split(".")[0] == "torch" else _find(name, package))
+        class NoTorch(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] == "torch":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        sys.meta_path.insert(0, NoTorch())
+        from pathlib import Path
+        from ndp.cli.demo import train_tokenizer
+        from ndp.convert.tokenizer import load_tokenizer
+        d = train_tokenizer(["def f(x): return x"] * 50, Path(sys.argv[1]), vocab_size=300)
+        print(load_tokenizer(str(d)).is_fast)
+    """)
+    run = subprocess.run([sys.executable, "-c", hide, str(tmp_path / "tok")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "True" and "PyTorch was not found" not in run.stderr
