@@ -285,7 +285,9 @@ class Loader(StepViews):
 
     def __len__(self) -> int:
         """Batches this rank delivers in the whole current epoch (the one the next loop
-        continues or starts), exact before the epoch is read: every rank delivers as many,
+        continues or starts: once a loop has run to its end, the next epoch's, which can
+        differ; ``loader.epoch`` says which), exact before the epoch is read: every rank
+        delivers as many,
         whatever is corrupt (``ndp.loader.plan``). It stays the whole epoch after a resume mid-epoch
         (LR schedules count on it): ``remaining`` is what the next loop yields.
 
