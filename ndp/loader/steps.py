@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ndp.errors import LoaderUsageError
 from ndp.loader.shapes import Shapes
 
 
@@ -98,8 +99,6 @@ class StepViews:
 
     def _refuse_past_end(self) -> None:
         if self.plan.ended(self.step):
-            from ndp.errors import LoaderUsageError
-
             raise LoaderUsageError(
                 f"this run ended at step {self.plan.max_steps:,} (max_steps): there is nothing "
                 f"left to deliver; stop the training loop at loader.step >= loader.max_steps, "
