@@ -30,18 +30,28 @@ payload_status_dev = cuda.jit(device=True)(payload_status.py_func)
 
 
 @cuda.jit(device=True)
+def framing_dev(shard, off, limit):  # pragma: no cover - compiled
+    """(TRUNCATED, BAD_SYNC or OK; where the CRC'd bytes end) at byte ``off`` of a shard that
+    ends at byte ``limit`` (at most ``shard.shape[0]``): ``frame_status``'s checks before its
+    CRC, in its order."""
+    size = min(int64(limit), int64(shard.shape[0]))
+    if off < 0 or off > size - FRAME_BYTES:
+        return uint8(TRUNCATED), int64(0)
+    if shard[off] != SYNC:
+        return uint8(BAD_SYNC), int64(0)
+    end = off + HEADER_BYTES + ((int64(shard[off + 4]) << 8) | int64(shard[off + 5]))
+    if end + 2 > size:
+        return uint8(TRUNCATED), int64(0)
+    return uint8(OK), end
+
+
+@cuda.jit(device=True)
 def frame_status_dev(shard, off, limit, tables):  # pragma: no cover - compiled
     """Framing verdict at byte ``off``: OK, BAD_SYNC, TRUNCATED or BAD_CRC, as ``frame_status``
     on a shard that ends at byte ``limit`` (at most ``shard.shape[0]``)."""
-    size = min(int64(limit), int64(shard.shape[0]))
-    if off < 0 or off > size - FRAME_BYTES:
-        return uint8(TRUNCATED)
-    if shard[off] != SYNC:
-        return uint8(BAD_SYNC)
-    length = (int64(shard[off + 4]) << 8) | int64(shard[off + 5])
-    end = off + HEADER_BYTES + length
-    if end + 2 > size:
-        return uint8(TRUNCATED)
+    status, end = framing_dev(shard, off, limit)
+    if status != OK:
+        return status
     stored = (uint32(shard[end]) << uint32(8)) | uint32(shard[end + 1])
     if crc16_update_dev(uint32(0xFFFF), shard, off, end, tables) != stored:
         return uint8(BAD_CRC)

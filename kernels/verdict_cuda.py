@@ -21,13 +21,12 @@ from numba import cuda, int64, uint8, uint32
 from ndp.engine.backend import simulated
 from ndp.wire.format import DropReason
 from ndp.kernels.build_cuda import token_at_dev, token_layout_dev
-from ndp.kernels.crc16_cuda import crc16_update_dev, packet_status_dev, payload_status_dev
+from ndp.kernels.crc16_cuda import (
+    crc16_update_dev, framing_dev, packet_status_dev, payload_status_dev)
 from ndp.kernels.crc16_lanes import CHUNK, crc16_lane, mulmod16, xpow8, zero_chunks_after
-from ndp.wire.format import FRAME_BYTES, HEADER_BYTES, SYNC
 from ndp.kernels.verdict import EMPTY, TOKEN_RANGE, verdict_of
 
 OK = int(DropReason.OK)
-BAD_SYNC = int(DropReason.BAD_SYNC)
 TRUNCATED = int(DropReason.TRUNCATED)
 BAD_CRC = int(DropReason.BAD_CRC)
 #: threads per block (one under the simulator, as ``build_cuda.BUILD_BLOCK`` says why)
@@ -94,21 +93,6 @@ def verdicts_cuda(shard, offsets, limits, out, tables, width_t, masked_t, skip_t
             n, tok, _, width = token_layout_dev(shard, off, width_t, masked_t)
             status = usable_dev(n, tok, width, shard, vocab)
         out[k] = verdict_of_dev(status, n)
-
-
-@cuda.jit(device=True)
-def framing_dev(shard, off, limit):  # pragma: no cover - compiled
-    """(TRUNCATED, BAD_SYNC or OK, where the CRC'd bytes end) at byte ``off`` of a shard that
-    ends at ``limit``: ``frame_status_dev``'s checks before its CRC, in its order."""
-    size = min(int64(limit), int64(shard.shape[0]))
-    if off < 0 or off > size - FRAME_BYTES:
-        return uint8(TRUNCATED), int64(0)
-    if shard[off] != SYNC:
-        return uint8(BAD_SYNC), int64(0)
-    end = off + HEADER_BYTES + ((int64(shard[off + 4]) << 8) | int64(shard[off + 5]))
-    if end + 2 > size:
-        return uint8(TRUNCATED), int64(0)
-    return uint8(OK), end
 
 
 @cuda.jit(cache=True)
