@@ -62,15 +62,22 @@ SCHEDULE_TESTS = ["tests/loader/test_schedule.py", "tests/loader/test_batch_toke
                   "tests/loader/test_mix_schedule.py"]
 
 
-def sanitizer() -> str | None:
-    """``compute-sanitizer`` on PATH or in the usual CUDA install places."""
-    found = shutil.which("compute-sanitizer")
+def cuda_tool(name: str, *also: str) -> str | None:
+    """CUDA toolkit program ``name`` on PATH, in ``$CUDA_HOME/bin`` or ``/usr/local/cuda/bin``,
+    else the last match of the ``also`` globs (absolute paths), else None."""
+    found = shutil.which(name)
     if found:
         return found
     for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if base and Path(base, "bin", "compute-sanitizer").exists():
-            return str(Path(base, "bin", "compute-sanitizer"))
-    return None
+        if base and Path(base, "bin", name).exists():
+            return str(Path(base, "bin", name))
+    matches = sorted(str(p) for pattern in also for p in Path("/").glob(pattern.lstrip("/")))
+    return matches[-1] if matches else None
+
+
+def sanitizer() -> str | None:
+    """``compute-sanitizer`` on PATH or in the usual CUDA install places."""
+    return cuda_tool("compute-sanitizer")
 
 
 def preflight() -> list[str]:

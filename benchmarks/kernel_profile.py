@@ -30,8 +30,6 @@ import csv
 import datetime as dt
 import io
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_check import cuda_tool  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
 MODES = ("padded", "packed", "packing")
@@ -68,15 +67,8 @@ COLLECT = (["--metrics", ",".join(METRICS)],
 
 
 def ncu_path() -> str | None:
-    """``ncu`` on PATH or in the usual CUDA install places."""
-    found = shutil.which("ncu")
-    if found:
-        return found
-    for base in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if base and Path(base, "bin", "ncu").exists():
-            return str(Path(base, "bin", "ncu"))
-    found = sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))
-    return str(found[-1]) if found else None
+    """``ncu`` on PATH, in the usual CUDA install places or in Nsight Compute's own."""
+    return cuda_tool("ncu", "/opt/nvidia/nsight-compute/*/ncu")
 
 
 def drive(mode: str, corpus: Path, batch: int, seq: int, chunks: int) -> dict:

@@ -97,18 +97,19 @@ def test_loader_comparison_smoke_run(tmp_path):
         assert (tmp_path / name).stat().st_size > 1000
 
 
-def _loaders_report():
+def _bench(name: str):
+    """``benchmarks/<name>.py`` as a module (the scripts import their neighbours by name)."""
     import importlib
 
     sys.path.insert(0, str(BENCH))
     try:
-        return importlib.import_module("loaders_report")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCH))
 
 
 def test_loader_rounds_pair_each_ndp_row_with_the_cheapest_peer_of_its_round():
-    report = _loaders_report()
+    report = _bench("loaders_report")
 
     def run(cpu):
         return {k: float(cpu) for k in report.ROUND_FIGURES} | {"batches": 3}
@@ -194,19 +195,8 @@ def test_gpu_check_lists_its_steps_and_fails_loudly_without_a_gpu(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing ran, so no results folder either
 
 
-def _gpu_check():
-    """benchmarks/gpu_check.py as a module (it imports its neighbours by name)."""
-    import importlib
-
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("gpu_check")
-    finally:
-        sys.path.remove(str(BENCH))
-
-
 def test_gpu_check_counts_a_skip_or_a_dirty_memcheck_as_a_failure():
-    check = _gpu_check()
+    check = _bench("gpu_check")
     assert check.verdict("gpu-tests", 0, "....\n33 passed in 80s")[0]
     assert not check.verdict("gpu-tests", 0, "....\n30 passed, 3 skipped in 80s")[0]
     assert not check.verdict("device-equality", 1, "1 failed, 60 passed")[0]
@@ -226,7 +216,7 @@ def test_gpu_check_without_compute_sanitizer_fails_memcheck_alone(monkeypatch, t
     """A GPU machine whose CUDA came from pip wheels has no compute-sanitizer: the memcheck
     step fails, saying why, and every other step still runs; on a single GPU the two ranks
     share it; with none the two-rank step is shown as not run, not failed."""
-    check = _gpu_check()
+    check = _bench("gpu_check")
     ran = []
     monkeypatch.setattr(check, "preflight", lambda: [])
     monkeypatch.setattr(check, "sanitizer", lambda: None)
@@ -256,7 +246,7 @@ def test_gpu_session_script_parses_and_names_only_steps_gpu_check_has():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     text = script.read_text()
     default = text.split("${CHECKS:-", 1)[1].split("}", 1)[0].split()
-    names = [name for name, _, _ in _gpu_check().steps("compute-sanitizer", Path("out"))]
+    names = [name for name, _, _ in _bench("gpu_check").steps("compute-sanitizer", Path("out"))]
     assert default and set(default) <= set(names)
 
 
@@ -294,7 +284,7 @@ def test_gpu_check_runs_the_chosen_steps_and_the_three_checks_side_by_side(monke
     they would break the barrier), the benchmarks after them, one at a time."""
     import threading
 
-    check = _gpu_check()
+    check = _bench("gpu_check")
     monkeypatch.setattr(check, "preflight", lambda: [])
     monkeypatch.setattr(check, "sanitizer", lambda: "compute-sanitizer")
     monkeypatch.setattr(check, "gpus", lambda: 1)
@@ -386,7 +376,7 @@ def test_every_script_that_writes_results_takes_out_with_the_shared_default():
 
 
 def test_gpu_check_passes_its_out_folder_to_the_benchmarks_it_runs():
-    check = _gpu_check()
+    check = _bench("gpu_check")
     out = Path("/somewhere/results")
     for name, cmd, _ in check.steps("compute-sanitizer", out):
         if any(Path(word).name.startswith(("bench_", "train_")) for word in cmd):
@@ -395,7 +385,7 @@ def test_gpu_check_passes_its_out_folder_to_the_benchmarks_it_runs():
 
 def test_gpu_check_keeps_its_logs_in_its_out_folder_and_lists_the_new_files(tmp_path,
                                                                             monkeypatch, capsys):
-    check = _gpu_check()
+    check = _bench("gpu_check")
     wrote = f"from pathlib import Path; Path({str(tmp_path / 'bench-1.json')!r}).touch(); " \
             f"print('wrote bench-1.json')"
     monkeypatch.setattr(check, "preflight", lambda: [])
@@ -593,21 +583,11 @@ def test_gpu_host_quick_run_counts_every_device_call_per_chunk(tmp_path):
     assert set(report["targets_met"]) == {"host_us_per_batch", "cpu_s_per_billion_tokens"}
 
 
-def _kernel_profile():
-    import importlib
-
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module("kernel_profile")
-    finally:
-        sys.path.remove(str(BENCH))
-
-
 def test_kernel_profile_reads_ncus_raw_csv_and_sets_each_launch_against_its_floor():
     """What ncu prints (``--csv --page raw --print-units base``, after its own log lines) becomes
     one row per launch; the figures derived from it are the chunk's own: 4 MiB tokens in 2 ms is
     2.1 G tokens/s, and a build kernel's floor counts the packets read and outputs written."""
-    prof = _kernel_profile()
+    prof = _bench("kernel_profile")
     names = list(prof.METRICS)
     head = ['"ID"', '"Kernel Name"'] + [f'"{m}"' for m in names]
     units = ['""', '""'] + ['"nsecond"', '"byte"', '"byte"'] + ['"%"'] * 5 + ['""'] * 4
@@ -632,12 +612,7 @@ def test_kernel_profile_reads_ncus_raw_csv_and_sets_each_launch_against_its_floo
 def test_kernel_profile_driver_runs_full_chunks_under_the_simulator(tmp_path):
     """The child ncu runs: a resident GPU Loader warmed to full chunks, then the chunks that
     are profiled, and what one holds (the simulator has no profiler: its range is skipped)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        from bench_gpu_loader import write_corpus
-    finally:
-        sys.path.remove(str(BENCH))
-    write_corpus(tmp_path, 40_000, 16)
+    _bench("bench_gpu_loader").write_corpus(tmp_path, 40_000, 16)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     proc = subprocess.run([sys.executable, str(BENCH / "kernel_profile.py"), "--drive", "packed",
                            "--corpus", str(tmp_path), "--batch", "2", "--seq", "16",
