@@ -74,8 +74,7 @@ class HostStager:
             a, b = first[mine], last[mine]
             corpus.shards[s].read_ranges(offsets[a], starts[b] - starts[a], self._buffer,
                                          starts[a])
-        return Staged(self._buffer[:max(total, 1)], starts[:-1], starts[1:], n,
-                      packet_bytes=int(total))
+        return Staged(self._buffer[:max(total, 1)], starts[:-1], starts[1:], n)
 
     def after(self, staged: Staged, engine: Any) -> None:
         """Nothing to record: CPU work is done when it returns."""
