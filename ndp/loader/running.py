@@ -102,10 +102,12 @@ class ProducerThread:
             try:
                 item = items.get(timeout=0.1)
             except queue.Empty:
-                if not thread.is_alive() and items.empty() and self._thread is thread:
-                    self._thread = None
-                    raise RuntimeError("ndp loader: the producer thread ended without a result")
-                continue
+                if thread.is_alive() or not items.empty():
+                    continue
+                if self._stop.is_set() or self._thread is not thread:
+                    continue  # stopped by another thread: said by name above, once stop() ends
+                self._thread = None
+                raise RuntimeError("ndp loader: the producer thread ended without a result")
             if isinstance(item, Failure):
                 self.stop()
                 raise item.exc

@@ -63,6 +63,50 @@ def test_close_from_another_thread_ends_a_waiting_loop_by_name(data, monkeypatch
     again.close()
 
 
+class _Quits:
+    """A producer that ends without putting anything, as one told to stop does."""
+
+    class warmer:  # noqa: N801 - the attribute ProducerThread.stop joins
+        @staticmethod
+        def join():
+            pass
+
+    def run(self, state, items, stop):
+        pass
+
+
+class _Plan:
+    def stop_ahead(self):
+        pass
+
+
+class _Ring:
+    def reset(self):
+        pass
+
+
+def test_a_producer_that_ends_without_a_result_is_an_error_unless_it_was_stopped():
+    from ndp.loader.running import ProducerThread
+
+    alone = ProducerThread(_Quits(), _Ring(), _Plan(), prefetch=1)
+    alone.start({})
+    with pytest.raises(RuntimeError, match="ended without a result"):
+        alone.get()
+
+    # stop() from another thread: the producer has ended and the queue is drained, but stop()
+    # is still joining the plan's and the warmer's threads. A loop that looks then must wait
+    # for the close and name it (CI once saw the RuntimeError in that window)
+    stopping = ProducerThread(_Quits(), _Ring(), _Plan(), prefetch=1)
+    stopping.start({})
+    stopping._thread.join()
+    stopping._stop.set()  # stop() has begun ...
+    finish = threading.Timer(0.3, setattr, args=(stopping, "_thread", None))  # ... and ends
+    finish.start()
+    with pytest.raises(LoaderUsageError, match="closed or reset"):
+        stopping.get()
+    finish.join()
+
+
 def _in_child(loader, out):
     try:
         out.send([b["input_ids"].copy() for b in loader])
