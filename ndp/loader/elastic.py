@@ -13,8 +13,15 @@ is delivered once across the new ranks; in ``packed`` mode a packet an old rank 
 is delivered again whole (counted in ``stats.repeated``, at most one per old rank). The epochs
 after it are ordinary epochs of the new run.
 
+A state made with another mix (``mix=`` or ``mix_size``: the mix changed by hand mid-epoch)
+goes on from the same epoch too, exactly once within it: what every old rank had not delivered
+yet of the places its mixing drew from (its share after CRC-Drop, before mixing: packets the
+old weights would have left unused are still to come) is merged round robin, split over the
+new ranks, and each new rank mixes its part with the new weights (``Remainder.remix``).
+
 A state saved during that rest records where it came from (``elastic`` in the state: the old
-world size, batch shape and every old rank's position), so it resumes exactly too.
+world size, batch shape, mix where it changed, and every old rank's position), so it resumes
+exactly too.
 """
 
 from __future__ import annotations
@@ -28,12 +35,15 @@ import numpy as np
 from ndp.errors import ConfigError, LoaderStateError
 from ndp.loader.plan import Plan
 from ndp.loader.shapes import from_setting
+from ndp.loader.sources import mix_from_spec
 from ndp.loader.state import check_state, seal, state_start
 
 #: settings an earlier run's states may differ in; every other one must match
 #: the settings of a batch's shape (``ndp.loader.shapes``)
 SHAPE = ("batch_size", "seq_len", "batch_tokens")
-MAY_DIFFER = ("rank", "world_size", *SHAPE)
+#: the settings of the mix (the weights or their schedule, and the epoch's size)
+MIX = ("mix", "mix_size")
+MAY_DIFFER = ("rank", "world_size", *SHAPE, *MIX)
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,10 @@ class Remainder:
     partial: np.ndarray  #: positions in ``packets`` of those an old rank was inside of
     record: dict  #: what a state saved during the rest carries to recompute it
     step: int = 0  #: the run step the rest begins at (the old run's next batch)
+    #: ``packets`` are places not yet delivered, before mixing: each new rank mixes its part
+    #: with its own weights (the mix changed); else they are in the old run's mixed order
+    remix: bool = False
+    delivered: int = 0  #: places the old ranks delivered of the epoch (``mix_size`` counts them)
 
 
 def from_states(states: list[dict], mine: dict, plan: Plan) -> Remainder:
@@ -69,7 +83,8 @@ def from_states(states: list[dict], mine: dict, plan: Plan) -> Remainder:
                 f"where the other ranks stood depends on which of their packets were corrupt, "
                 f"so resuming on {mine['world_size']} ranks needs the states of all {world}: "
                 f"pass the list (gather them with torch.distributed.all_gather_object)")
-        states = _derive(first, world, mine, _base(plan, first.get("elastic")))
+        states = _derive(first, world, mine, _base(plan, first.get("elastic")),
+                         _old_mix(first, mine))
     else:
         states = in_rank_order(states, world)
     first = states[0]
@@ -95,7 +110,7 @@ def from_states(states: list[dict], mine: dict, plan: Plan) -> Remainder:
                      shape={key: old[key] for key in SHAPE},
                      positions=[(p["pos"], p["tok"]) for p in positions],
                      previous=first.get("elastic"), start=state_start(first),
-                     step=state_start(first) + steps.pop())
+                     step=state_start(first) + steps.pop(), mixed=_old_mix(first, mine))
 
 
 def in_rank_order(states: list[dict], world: int) -> list[dict]:
@@ -127,6 +142,15 @@ def in_rank_order(states: list[dict], world: int) -> list[dict]:
     return sorted(states, key=lambda state: state["rank"])
 
 
+def _old_mix(state: dict, mine: dict) -> dict | None:
+    """``{"mix": ..., "mix_size": ...}`` as ``state`` records them where they are not this
+    Loader's (``mine``), else ``None``."""
+    if all(state.get(key, "shortest" if key == "mix_size" else None) == mine.get(key)
+           for key in MIX):
+        return None
+    return {"mix": state.get("mix"), "mix_size": state.get("mix_size", "shortest")}
+
+
 def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
@@ -142,18 +166,27 @@ def _base(plan: Plan, record: Any) -> Plan:
 
 def remainder(plan: Plan, *, epoch: int, world_size: int, shape: dict,
               positions: list[tuple[int, int]], previous: Any = None, start: int = 0,
-              step: int = 0) -> Remainder:
+              step: int = 0, mixed: dict | None = None) -> Remainder:
     """What old ranks ``0..world_size-1`` at ``positions`` (share position, token) had left of
     ``epoch`` (cut by ``plan``, which carries the remainder they were in, ``previous``),
     merged round robin. ``shape``: the old run's ``batch_size``, ``seq_len`` and
     ``batch_tokens`` as its states record them (an int, a schedule's record, or None);
     ``start``: the run step the old run's epoch began at, ``step``:
-    the one it stopped at."""
-    tails, partial_at = [], []
+    the one it stopped at; ``mixed``: the old run's ``mix`` and ``mix_size`` where they were
+    not ``plan``'s (the rest is then mixed again: ``Remainder.remix``)."""
+    tails, partial_at = [], []  # partial_at: where in its tail an old rank's partial place is
     for rank, (pos, tok) in enumerate(positions):
-        sh = _old(plan, rank, world_size, shape, start, epoch).share(epoch)
-        tails.append(sh.packets[min(pos, sh.length): sh.length])
-        partial_at.append(bool(tok) and pos < sh.length)
+        old = _old(plan, rank, world_size, shape, start, epoch, mixed)
+        sh = old.share(epoch)
+        if mixed is None:
+            tails.append(sh.packets[min(pos, sh.length): sh.length])
+            partial_at.append(0 if tok and pos < sh.length else -1)
+            continue
+        pool = old.unmixed(epoch, rank)  # what its mixing drew from, less what it delivered
+        tail = pool[~np.isin(pool, sh.packets[:min(pos, sh.length)])]
+        tails.append(tail)
+        inside = np.flatnonzero(tail == sh.packets[pos]) if tok and pos < sh.length else []
+        partial_at.append(int(inside[0]) if len(inside) else -1)
     lengths = np.array([t.shape[0] for t in tails], np.int64)
     turn = np.concatenate([np.arange(n) for n in lengths]) if lengths.sum() else np.zeros(0, int)
     owner = np.repeat(np.arange(len(tails)), lengths)
@@ -162,24 +195,32 @@ def remainder(plan: Plan, *, epoch: int, world_size: int, shape: dict,
     first_of = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     where = np.empty(packets.shape[0], np.int64)
     where[order] = np.arange(packets.shape[0])
-    partial = np.array([where[first_of[r]] for r, p in enumerate(partial_at) if p], np.int64)
+    partial = np.array([where[first_of[r] + p] for r, p in enumerate(partial_at) if p >= 0],
+                       np.int64)
     record = {"epoch": epoch, "world_size": world_size,
               **{k: v for k, v in shape.items() if v is not None or k != "batch_tokens"},
               "positions": [[int(p), int(t)] for p, t in positions], "previous": previous}
     if (start, step) != (0, 0):  # since states record the run's step (version 5)
         record.update(start=int(start), step=int(step))
-    return Remainder(epoch, packets.astype(np.int64), partial, record, step)
+    if mixed is not None:
+        record.update(mixed)
+    return Remainder(epoch, packets.astype(np.int64), partial, record, step,
+                     remix=mixed is not None,
+                     delivered=sum(int(p) for p, _ in positions) if mixed is not None else 0)
 
 
-def _old(plan: Plan, rank: int, world_size: int, shape: dict, start: int, epoch: int) -> Plan:
+def _old(plan: Plan, rank: int, world_size: int, shape: dict, start: int, epoch: int,
+         mixed: dict | None = None) -> Plan:
     """``plan`` as an old run's rank ``rank`` cut its epoch ``epoch``, begun at run step
     ``start``, in batches of ``shape`` (``batch_size``, ``seq_len``, ``batch_tokens`` as its
-    states record them)."""
+    states record them), mixed as ``mixed`` records (or as ``plan`` mixes: ``None``)."""
+    other = {} if mixed is None else {"mix": mix_from_spec(mixed["mix"]),
+                                      "mix_size": mixed["mix_size"]}
     return plan.variant(rank=rank, world_size=world_size,
                         batch_size=from_setting(shape.get("batch_size")),
                         seq_len=from_setting(shape["seq_len"]),
                         batch_tokens=from_setting(shape.get("batch_tokens")),
-                        start=start, epoch=epoch)
+                        start=start, epoch=epoch, **other)
 
 
 
@@ -192,8 +233,9 @@ def from_record(record: Any, plan: Plan) -> Remainder:
                          shape={key: _shape_field(record.get(key)) for key in SHAPE},
                          positions=[(int(p), int(t)) for p, t in record["positions"]],
                          previous=previous, start=int(record.get("start", 0)),
-                         step=int(record.get("step", 0)))
-    except (AttributeError, KeyError, TypeError, ValueError) as err:
+                         step=int(record.get("step", 0)),
+                         mixed={key: record[key] for key in MIX} if "mix" in record else None)
+    except (AttributeError, KeyError, TypeError, ValueError, ConfigError) as err:
         raise LoaderStateError(f"loader state field 'elastic' is damaged ({err!r})") from None
 
 
@@ -207,6 +249,8 @@ def _check_one(state: dict, mine: dict, plan: Plan) -> dict:
     """One old rank's state checked as that rank's own loader would check it."""
     for key in MAY_DIFFER:
         value = state.get(key)
+        if key in MIX:
+            continue  # read as a mix (mix_from_spec) where it is not this Loader's
         if key in SHAPE and isinstance(value, dict) or (
                 key == "batch_size" and value is None and state.get("batch_tokens")) or (
                 key == "batch_tokens" and value is None):
@@ -217,22 +261,25 @@ def _check_one(state: dict, mine: dict, plan: Plan) -> dict:
     try:
         old = _old(plan, state["rank"], state["world_size"],
                    {key: state.get(key) for key in SHAPE}, state_start(state),
-                   state.get("epoch"))
+                   state.get("epoch"), _old_mix(state, mine))
     except ConfigError as err:
-        raise LoaderStateError(f"loader state's batch shape is damaged: {err}") from None
+        raise LoaderStateError(f"loader state's batch shape or mix does not fit this "
+                               f"dataset: {err}") from None
     as_old = {**mine, **{key: state.get(key) for key in MAY_DIFFER}}
     return check_state(state, as_old, old)
 
 
-def _derive(state: dict, world: int, mine: dict, plan: Plan) -> list[dict]:
-    """Every old rank's state from one (padded and packing mode: by the index)."""
+def _derive(state: dict, world: int, mine: dict, plan: Plan, mixed: dict | None
+            ) -> list[dict]:
+    """Every old rank's state from one (padded and packing mode: by the index); ``mixed``:
+    the old run's mix where it was not this Loader's."""
     at = _check_one(state, mine, plan)
     if at["tok"]:
         raise LoaderStateError("a padded or packing state has no token offset")
     out = []
     for rank in range(world):
         old = _old(plan, rank, world, {key: state.get(key) for key in SHAPE},
-                   state_start(state), at["epoch"])
+                   state_start(state), at["epoch"], mixed)
         share = old.share(at["epoch"])
         shapes = old.shapes_of(at["epoch"])
         pos = 0

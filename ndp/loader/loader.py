@@ -273,9 +273,9 @@ class Loader(StepViews):
         it names; the message says which field and why.
 
         Elastic resume (``ndp.loader.elastic``): the states of every rank of a run with another
-        ``world_size`` (or ``batch_size``, ``seq_len``), as a list, continue its epoch on this
-        run's ranks, each remaining packet once; in padded and packing mode one of them is
-        enough, with ``elastic=True``."""
+        ``world_size``, as a list, continue its epoch on this run's ranks, each remaining packet
+        once (one is enough in padded and packing mode, with ``elastic=True``); a state with
+        other batch shapes or another mix goes on so too, with a warning."""
         checked, start, rest = resume(self.plan, state, self.state_dict(), elastic=elastic)
         self._active = None
         self._stop_producer()

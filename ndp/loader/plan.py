@@ -119,14 +119,20 @@ class Plan(Reach, RunSteps, Mixing):
 
     def variant(self, *, rank: int, world_size: int, batch_size: Any, seq_len: Any,
                 start: int | None = None, epoch: int | None = None,
-                batch_tokens: Any = "same") -> Plan:
-        """This plan for another rank, world size or batch shape (the same data, order,
-        mixing, CRC-Drop and elastic remainder): how an earlier run's ranks cut their epochs;
-        ``start``: the run step ``epoch`` began at in that run."""
+                batch_tokens: Any = "same", mix: Any = "same", mix_size: Any = "same") -> Plan:
+        """This plan for another rank, world size, batch shape or mix (the same data, order,
+        CRC-Drop and elastic remainder): how an earlier run's ranks cut their epochs;
+        ``start``: the run step ``epoch`` began at in that run; ``mix``: ``mix=`` as given to
+        a Loader, ``mix_size`` as a state records it."""
         other = copy.copy(self)
         other.rank, other.world_size = rank, world_size
         other._set_shapes(batch_size, seq_len,
                           self.tokens_setting if batch_tokens == "same" else batch_tokens)
+        if mix_size != "same":
+            check_mix_size(mix_size)
+            other.mix_size = mix_size if isinstance(mix_size, str) else int(mix_size)
+        if mix != "same":
+            other._setup_mix(mix, self._mix_by)
         other._starts = dict(self._starts)
         if start is not None:
             other._starts = {epoch: start}
@@ -307,7 +313,14 @@ class Plan(Reach, RunSteps, Mixing):
     def _share_whole(self, epoch: int, rest: Any) -> Share:
         """``share`` by building the epoch's whole order and every rank's share: mixing draws
         over a rank's whole share, and an elastic remainder is a whole order already."""
-        if rest is not None:  # already dropped and mixed by the run it comes from
+        if rest is not None and rest.remix:  # dropped; mixed again by this plan's mix
+            every = [(m, 0, *u) for m, *u in (
+                self._mixed(rank_share(rest.packets, r, self.world_size), epoch, r,
+                            self.mix_size if isinstance(self.mix_size, str)
+                            else max(0, self.mix_size - rest.delivered))
+                for r in range(self.world_size))]
+            self.peak_plan_elements = int(rest.packets.shape[0])
+        elif rest is not None:  # already dropped and mixed by the run it comes from
             every = [(rank_share(rest.packets, r, self.world_size), 0, {}, {})
                      for r in range(self.world_size)]
             self.peak_plan_elements = int(rest.packets.shape[0])
@@ -325,11 +338,29 @@ class Plan(Reach, RunSteps, Mixing):
         batches = min(self.batches_of(k[:m], shapes) for k, *_ in every)
         own = kept[:m]
         packets = np.concatenate([own, own]) if self.mode == "packed" else own
-        again_given = 0 if rest is None else self.place_packets(rest.packets[rest.partial[
-            (rest.partial % self.world_size == self.rank)
-            & (rest.partial // self.world_size < m)]])
+        if rest is None:
+            again_given = 0
+        elif rest.remix:  # where mixing put them in this share
+            again_given = self.place_packets(own[np.isin(own, rest.packets[rest.partial])])
+        else:
+            again_given = self.place_packets(rest.packets[rest.partial[
+                (rest.partial % self.world_size == self.rank)
+                & (rest.partial // self.world_size < m)]])
         return Share(packets, m, Count(batches), n_dropped, unused, again,
                      self.place_packets(kept[m:]), again_given)
+
+    def unmixed(self, epoch: int, rank: int) -> np.ndarray:
+        """Rank ``rank``'s places of ``epoch`` before mixing and the rank balance (after
+        CRC-Drop): what its mixing drew from, whatever the weights."""
+        rest = self.elastic if self.elastic is not None and self.elastic.epoch == epoch else None
+        if rest is not None:
+            return rank_share(rest.packets, rank, self.world_size)
+        order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                            shard_bytes=self._shard_bytes, window_bytes=self._window_bytes)
+        dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
+                            rate=self.crc_drop_rate)
+        share = rank_share(order, rank, self.world_size)
+        return share[~dropped[share]]
 
     def batches_of(self, share: np.ndarray, shapes: Shapes) -> int:
         """Batches ``share`` makes by the index's token counts (what it makes when nothing in

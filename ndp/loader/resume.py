@@ -4,9 +4,10 @@ out over this run's (``ndp.loader.elastic``); and the run step its epoch began a
 schedules are keyed by (``ndp.loader.shapes``).
 
 A state made with other batch shapes (another ``batch_size``, ``seq_len`` or ``batch_tokens``
-schedule: the plan changed by hand mid-run) goes on the same way, said in a warning: the rest
-of its epoch, each remaining packet once (in ``packed`` mode a packet it was inside of is given
-again whole, counted as ``repeated``), cut into this Loader's batches from the state's step
+schedule) or another mix (``mix=`` weights or schedule, ``mix_size``): the plan changed by hand
+mid-run, goes on the same way, said in a warning: the rest of its epoch, each remaining packet
+once (in ``packed`` mode a packet it was inside of is given again whole, counted as
+``repeated``), cut into this Loader's batches and mixed by its weights from the state's step
 on; the change is kept in the state's ``elastic`` record, so later resumes keep it. In
 ``packed`` mode with several ranks that needs every rank's state (a list). Another dataset or
 seed cannot be exact and stays refused (``ndp.loader.state``).
@@ -18,7 +19,7 @@ import warnings
 from typing import Any
 
 from ndp.errors import LoaderStateError
-from ndp.loader.elastic import SHAPE, Remainder, from_record, from_states
+from ndp.loader.elastic import MIX, SHAPE, Remainder, from_record, from_states
 from ndp.loader.plan import Plan
 from ndp.loader.state import check_state, state_start
 
@@ -32,10 +33,11 @@ def resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
     if isinstance(state, dict) and not elastic and _other_shape(state, mine):
         elastic = True  # the plan changed by hand: the rest of the epoch in the new shapes
         warnings.warn(
-            f"ndp.Loader: this state was made with {_shapes(state)}, this Loader has "
-            f"{_shapes(mine)}: the rest of epoch {state.get('epoch')} is shared out in this "
-            f"Loader's batches (ndp.loader.elastic), each remaining packet once, from step "
-            f"{state.get('step')} on; the change is recorded in the state ('elastic')",
+            f"ndp.Loader: this state was made with {_shapes(state, mine)}, this Loader has "
+            f"{_shapes(mine, state)}: the rest of epoch {state.get('epoch')} is shared out in "
+            f"this Loader's batches{_mixed(state, mine)} (ndp.loader.elastic), each remaining "
+            f"packet once, from step {state.get('step')} on; the change is recorded in the "
+            f"state ('elastic')",
             stacklevel=3)
     if isinstance(state, (list, tuple)) or (elastic and isinstance(state, dict)):
         rest = from_states(list(state) if not isinstance(state, dict) else [state], mine, plan)
@@ -57,12 +59,30 @@ def resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
 
 def _other_shape(state: dict, mine: dict) -> bool:
     """``state`` is this run's (same version, world size and rank) but for its batch shapes
-    (``batch_size``, ``seq_len``, ``batch_tokens``: ints or schedules)."""
+    (``batch_size``, ``seq_len``, ``batch_tokens``: ints or schedules) or its mix (``mix``,
+    ``mix_size``)."""
     return (state.get("version") == mine["version"]
             and state.get("world_size") == mine["world_size"]
             and state.get("rank") == mine["rank"]
-            and any(state.get(key) != mine.get(key) for key in SHAPE))
+            and any(state.get(key) != mine.get(key) for key in SHAPE + MIX))
 
 
-def _shapes(state: dict) -> str:
-    return ", ".join(f"{key}={state.get(key)!r}" for key in SHAPE if state.get(key) is not None)
+def _shapes(state: dict, other: dict) -> str:
+    """The batch shape and mix settings of ``state`` that ``other`` does not share."""
+    return ", ".join(f"{key}={_short(state.get(key))}" for key in SHAPE + MIX
+                     if state.get(key) != other.get(key))
+
+
+def _mixed(state: dict, mine: dict) -> str:
+    if all(state.get(key) == mine.get(key) for key in MIX):
+        return ""
+    return (", mixed by its weights from what the epoch has not delivered yet (what the old "
+            "weights would have left unused included)")
+
+
+def _short(value: Any) -> str:
+    """A setting as a warning shows it: a mix's weights as ``{source: weight}``."""
+    try:
+        return "{" + ", ".join(f"{n!r}: {w:g}" for n, w in value) + "}"
+    except (TypeError, ValueError):  # not a list of (source, weight): a schedule's record
+        return repr(value)

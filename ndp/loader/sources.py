@@ -82,6 +82,21 @@ def _named(weights: dict, present: dict, mix_by: str, what: str) -> dict[str, fl
     return named
 
 
+def mix_from_spec(spec: Any) -> Any:
+    """The ``mix=`` a state's ``mix`` field records (``Plan.mix_spec``): ``None``, a dict of
+    weights, or a ``Schedule`` of them."""
+    if spec is None:
+        return None
+    try:
+        if isinstance(spec, dict):
+            return Schedule([(int(step), {str(n): float(w) for n, w in row})
+                             for step, row in spec["phases"]],
+                            interpolate=spec.get("interpolate", "step"))
+        return {str(n): float(w) for n, w in spec}
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"not a recorded mix: {spec!r} ({err})") from None
+
+
 class Mixing:
     """A ``Plan``'s mixing: its sources (``_setup_mix``), a rank's share drawn from them
     (``_kept``) and a batch's packets per source (``by_source``). The plan gives ``corpus``,
@@ -119,33 +134,39 @@ class Mixing:
         """Rank ``rank``'s packets of the epoch's ``order`` after CRC-Drop and mixing, how many
         CRC-Drop removed, and per source how many packets mixing left unused and took again."""
         share = rank_share(order, rank, self.world_size)
-        kept = share[~dropped[share]]
+        kept, unused, again = self._mixed(share[~dropped[share]], epoch, rank, self.mix_size)
+        return kept, self.place_packets(share[dropped[share]]), unused, again
+
+    def _mixed(self, kept: np.ndarray, epoch: int, rank: int, size: Any
+               ) -> tuple[np.ndarray, dict, dict]:
+        """Rank ``rank``'s places ``kept`` interleaved from their sources (as they are without
+        mixing) for an epoch of ``size`` (``mix_size``, all ranks), and per source how many
+        packets mixing left unused and took again."""
         unused_by_source: dict[str, int] = {}
         again_by_source: dict[str, int] = {}
-        if self._mix_keys is not None:
-            key = self._source_key(kept)
-            parts = [kept[key == k] for k in range(len(self._mix_names))]
-            size = self.mix_size
-            if not isinstance(size, str):  # packets per epoch, all ranks: this rank's part
-                size = size // self.world_size + (rank < size % self.world_size)
-            if self._mix_schedule is None:
-                kept, unused, again = mix(parts, self._mix_weights, seed=self.seed,
-                                          epoch=epoch, rank=rank, size=size)
-            else:  # each place drawn with the weights of the step it lands in
-                kept, unused, again = self._mix_schedule.draw(
-                    parts, [self.place_tokens(p) for p in parts], seed=self.seed, epoch=epoch,
-                    rank=rank, size=size, mode=self.mode, shapes=self.shapes_of(epoch),
-                    start=self.start_step(epoch))
-            # in packets: a place of packed mode's order holds a document (``units``)
-            for g, (name, part) in enumerate(zip(self._mix_names, parts)):
-                used = part.shape[0] - int(unused[g]) + int(again[g])
-                if unused[g]:
-                    unused_by_source[name] = self.place_packets(part[used:])
-                if again[g]:
-                    taken = np.arange(part.shape[0], used) % part.shape[0]
-                    again_by_source[name] = self.place_packets(part[taken])
-        return kept, self.place_packets(share[dropped[share]]), unused_by_source, \
-            again_by_source
+        if self._mix_keys is None:
+            return kept, unused_by_source, again_by_source
+        key = self._source_key(kept)
+        parts = [kept[key == k] for k in range(len(self._mix_names))]
+        if not isinstance(size, str):  # packets per epoch, all ranks: this rank's part
+            size = size // self.world_size + (rank < size % self.world_size)
+        if self._mix_schedule is None:
+            kept, unused, again = mix(parts, self._mix_weights, seed=self.seed,
+                                      epoch=epoch, rank=rank, size=size)
+        else:  # each place drawn with the weights of the step it lands in
+            kept, unused, again = self._mix_schedule.draw(
+                parts, [self.place_tokens(p) for p in parts], seed=self.seed, epoch=epoch,
+                rank=rank, size=size, mode=self.mode, shapes=self.shapes_of(epoch),
+                start=self.start_step(epoch))
+        # in packets: a place of packed mode's order holds a document (``units``)
+        for g, (name, part) in enumerate(zip(self._mix_names, parts)):
+            used = part.shape[0] - int(unused[g]) + int(again[g])
+            if unused[g]:
+                unused_by_source[name] = self.place_packets(part[used:])
+            if again[g]:
+                taken = np.arange(part.shape[0], used) % part.shape[0]
+                again_by_source[name] = self.place_packets(part[taken])
+        return kept, unused_by_source, again_by_source
 
     def by_source(self, share: np.ndarray, counted: dict) -> None:
         """Turn a batch's ``_range`` of newly counted share positions into packets per source
