@@ -253,11 +253,9 @@ class Loader(StepViews):
         return seal({"version": STATE_VERSION, "mode": self.mode, "seed": self.seed,
                 "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
                 **self._shape_settings, "step": self.step,
-                "crc_drop_rate": self.crc_drop_rate, "n_packets": self.corpus.n_packets,
+                "crc_drop_rate": self.crc_drop_rate, **self.plan.dataset_of(self._state["epoch"]),
                 "mix": self.plan.mix_spec, "mix_size": self.plan.mix_size, "order": ORDER,
-                "shuffle_window": self.plan.shuffle_window,
-                "fingerprint": self.corpus.fingerprint,
-                "vocab_size": self.vocab_size,
+                "shuffle_window": self.plan.shuffle_window, "vocab_size": self.vocab_size,
                 **self._elastic_record(), **self._state})
 
     def _elastic_record(self) -> dict:
@@ -276,10 +274,11 @@ class Loader(StepViews):
         ``world_size``, as a list, continue its epoch on this run's ranks, each remaining packet
         once (one is enough in padded and packing mode, with ``elastic=True``); a state with
         other batch shapes or another mix goes on so too, with a warning."""
-        checked, start, rest = resume(self.plan, state, self.state_dict(), elastic=elastic)
+        checked, start, rest, grown = resume(self.plan, state, self.state_dict(),
+                                             elastic=elastic)
         self._active = None
         self._stop_producer()
-        self.plan.set_elastic(rest)  # stops the plan's thread first
+        self.plan.set_elastic(rest, grown)  # stops the plan's thread first
         self.plan.set_start(checked["epoch"], start)
         self._state = checked
 

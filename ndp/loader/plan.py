@@ -97,6 +97,9 @@ class Plan(Reach, RunSteps, Mixing):
         self._store = threading.Lock()  # guards _shares and _batches
         #: an epoch whose rest comes from a run with other ranks (``ndp.loader.elastic.Remainder``)
         self.elastic: Any = None
+        #: the plan of the dataset before it grew, for the epoch resumed in (``set_elastic``)
+        self.grown: Plan | None = None
+        self.resumed = -1  #: a ``grown`` plan's epoch
         #: the most elements of any per-packet array the last epoch's planning built (this
         #: rank's own share aside): a window's packets (``ndp.loader.epoch``), or the whole
         #: order with mixing or an elastic remainder
@@ -119,12 +122,16 @@ class Plan(Reach, RunSteps, Mixing):
 
     def variant(self, *, rank: int, world_size: int, batch_size: Any, seq_len: Any,
                 start: int | None = None, epoch: int | None = None,
-                batch_tokens: Any = "same", mix: Any = "same", mix_size: Any = "same") -> Plan:
-        """This plan for another rank, world size, batch shape or mix (the same data, order,
+                batch_tokens: Any = "same", mix: Any = "same", mix_size: Any = "same",
+                corpus: Corpus | None = None) -> Plan:
+        """This plan for another rank, world size, batch shape or mix (the same order,
         CRC-Drop and elastic remainder): how an earlier run's ranks cut their epochs;
         ``start``: the run step ``epoch`` began at in that run; ``mix``: ``mix=`` as given to
-        a Loader, ``mix_size`` as a state records it."""
+        a Loader, ``mix_size`` as a state records it; ``corpus``: the first shards of this
+        plan's, as the dataset was before it grew (``ndp.store.growth``)."""
         other = copy.copy(self)
+        if corpus is not None:
+            other.corpus, other._shard_bytes = corpus, self._shard_bytes[:len(corpus.shards)]
         other.rank, other.world_size = rank, world_size
         other._set_shapes(batch_size, seq_len,
                           self.tokens_setting if batch_tokens == "same" else batch_tokens)
@@ -141,12 +148,15 @@ class Plan(Reach, RunSteps, Mixing):
         other._batches = {}
         other._ahead, other._ahead_stop, other._wanted = None, threading.Event(), -1
         other._store = threading.Lock()
+        other.grown, other.resumed = None, -1
         return other
 
-    def set_elastic(self, remainder: Any) -> None:
-        """Take the rest of ``remainder.epoch`` from ``remainder`` (or nothing: ``None``)."""
+    def set_elastic(self, remainder: Any, grown: Plan | None = None) -> None:
+        """Take the rest of ``remainder.epoch`` from ``remainder`` (or nothing: ``None``);
+        ``grown``: the plan of the dataset before it grew, which plans the epoch resumed in
+        (``ndp.loader.resume``; ``None``: none)."""
         self.stop_ahead()
-        self.elastic = remainder
+        self.elastic, self.grown = remainder, grown
         self._shares, self._batches = {}, {}
         self._fit_cache(whole=remainder is not None or self.crc_drop_rate > 0
                         or self._mix_keys is not None or self._budget_padded)
@@ -223,7 +233,9 @@ class Plan(Reach, RunSteps, Mixing):
         # padded batches cut by a token budget are counted by the pass over the windows
         lazy = (rest is None and self._mix_keys is None and self.crc_drop_rate == 0
                 and not self._budget_padded)
-        if lazy:
+        if self.grown is not None and self.grown.resumed == epoch:
+            share = self.grown.share(epoch, stop=stop)  # the dataset as it was then
+        elif lazy:
             share = self._share_lazy(epoch)
         elif rest is None and self._mix_keys is None:  # a pass over the windows (ndp.loader.epoch)
             walked = plan_epoch(self.corpus, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
@@ -277,6 +289,12 @@ class Plan(Reach, RunSteps, Mixing):
         if cut and units.active(self.corpus, self.mode):  # in packets: each a document's
             cut = self.place_packets(order.beyond(length, own))
         return Share(order, length, count, 0, {}, {}, cut)
+
+    def dataset_of(self, epoch: int) -> dict:
+        """The ``fingerprint`` and ``n_packets`` of the data ``epoch`` is read from (a state
+        records them)."""
+        corpus = self.grown.corpus if self.grown and self.grown.resumed == epoch else self.corpus
+        return {"fingerprint": corpus.fingerprint, "n_packets": corpus.n_packets}
 
     def count_fields(self, epoch: int) -> dict:
         """What ``epoch``'s count depends on: its key among shared counts
@@ -348,19 +366,6 @@ class Plan(Reach, RunSteps, Mixing):
                 & (rest.partial // self.world_size < m)]])
         return Share(packets, m, Count(batches), n_dropped, unused, again,
                      self.place_packets(kept[m:]), again_given)
-
-    def unmixed(self, epoch: int, rank: int) -> np.ndarray:
-        """Rank ``rank``'s places of ``epoch`` before mixing and the rank balance (after
-        CRC-Drop): what its mixing drew from, whatever the weights."""
-        rest = self.elastic if self.elastic is not None and self.elastic.epoch == epoch else None
-        if rest is not None:
-            return rank_share(rest.packets, rank, self.world_size)
-        order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-                            shard_bytes=self._shard_bytes, window_bytes=self._window_bytes)
-        dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
-                            rate=self.crc_drop_rate)
-        share = rank_share(order, rank, self.world_size)
-        return share[~dropped[share]]
 
     def batches_of(self, share: np.ndarray, shapes: Shapes) -> int:
         """Batches ``share`` makes by the index's token counts (what it makes when nothing in

@@ -22,14 +22,32 @@ from ndp.errors import LoaderStateError
 from ndp.loader.elastic import MIX, SHAPE, Remainder, from_record, from_states
 from ndp.loader.plan import Plan
 from ndp.loader.state import check_state, state_start
+from ndp.store.growth import first, grown_from
 
 
 def resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
-           ) -> tuple[dict[str, int], int, Remainder | None]:
-    """``(position, start, remainder)`` for ``state``: the (epoch, pos, tok, batch) to go on
-    from, the run step of that epoch's first batch, and the elastic remainder it is in (or
-    ``None``). ``mine``: the resuming Loader's own state (its settings). Raises
-    ``LoaderStateError`` naming what does not fit."""
+           ) -> tuple[dict[str, int], int, Remainder | None, Plan | None]:
+    """``(position, start, remainder, grown)`` for ``state``: the (epoch, pos, tok, batch) to
+    go on from, the run step of that epoch's first batch, the elastic remainder it is in (or
+    ``None``), and the plan of the dataset as it was where it grew since (or ``None``).
+    ``mine``: the resuming Loader's own state (its settings). Raises ``LoaderStateError``
+    naming what does not fit."""
+    mine = {**mine, "fingerprint": plan.corpus.fingerprint, "n_packets": plan.corpus.n_packets}
+    grown = _grown(plan, state, mine)
+    if grown is not None:  # the state's epoch is read from the dataset as it was
+        plan = grown
+        mine = {**mine, **grown.dataset_of(0)}
+    checked, start, rest = _resume(plan, state, mine, elastic=elastic)
+    if grown is not None:
+        grown.set_elastic(rest)
+        grown.set_start(checked["epoch"], start)
+        grown.resumed = checked["epoch"]
+    return checked, start, rest, grown
+
+
+def _resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
+            ) -> tuple[dict[str, int], int, Remainder | None]:
+    """``resume`` on the dataset the state was made on."""
     if isinstance(state, dict) and not elastic and _other_shape(state, mine):
         elastic = True  # the plan changed by hand: the rest of the epoch in the new shapes
         warnings.warn(
@@ -38,7 +56,7 @@ def resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
             f"this Loader's batches{_mixed(state, mine)} (ndp.loader.elastic), each remaining "
             f"packet once, from step {state.get('step')} on; the change is recorded in the "
             f"state ('elastic')",
-            stacklevel=3)
+            stacklevel=4)
     if isinstance(state, (list, tuple)) or (elastic and isinstance(state, dict)):
         rest = from_states(list(state) if not isinstance(state, dict) else [state], mine, plan)
         # the rest of the epoch begins at the step the earlier run stopped at
@@ -55,6 +73,31 @@ def resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
     trial.set_elastic(rest)  # checked against the epoch it resumes in
     checked = check_state(state, mine, trial)
     return checked, state_start(state), rest
+
+
+def _grown(plan: Plan, state: Any, mine: dict) -> Plan | None:
+    """``plan`` on the first shards of its dataset, if ``state`` (or the first of a list) was
+    made on them: the dataset grew by the shards after them since (``ndp.store.growth``),
+    which join at the next epoch; ``None`` if it did not grow."""
+    first_state = state if isinstance(state, dict) else (
+        state[0] if isinstance(state, (list, tuple)) and state else None)
+    made_on = first_state.get("fingerprint") if isinstance(first_state, dict) else None
+    if made_on is None or made_on == mine["fingerprint"]:
+        return None
+    k = grown_from(plan.corpus, made_on)
+    if k is None:
+        return None  # another dataset: refused by ndp.loader.state
+    before = first(plan.corpus, k)
+    epoch = first_state.get("epoch")
+    warnings.warn(
+        f"ndp.Loader: this state was made on the first {k:,} of the {len(plan.corpus.shards):,} "
+        f"shards this dataset has now: {len(plan.corpus.shards) - k:,} shards "
+        f"({plan.corpus.n_packets - before.n_packets:,} packets) were added after them since "
+        f"(ndp convert --append, or a source added last). Epoch {epoch} goes on exactly over "
+        f"the shards it began with; the new ones join at epoch "
+        f"{epoch + 1 if isinstance(epoch, int) else 'after it'}", stacklevel=4)
+    return plan.variant(rank=plan.rank, world_size=plan.world_size,
+                        batch_size=plan.batch_setting, seq_len=plan.len_setting, corpus=before)
 
 
 def _other_shape(state: dict, mine: dict) -> bool:

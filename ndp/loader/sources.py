@@ -11,7 +11,7 @@ import numpy as np
 from ndp.checks import real
 from ndp.errors import ConfigError
 from ndp.loader.mix_schedule import read_schedule
-from ndp.loader.order import mix, rank_share
+from ndp.loader.order import drop_mask, epoch_order, mix, rank_share
 from ndp.loader.schedule import Schedule
 
 
@@ -113,6 +113,11 @@ class Mixing:
     place_tokens: Any
     shapes_of: Any
     start_step: Any
+    elastic: Any
+    shuffle: bool
+    crc_drop_rate: float
+    _shard_bytes: np.ndarray
+    _window_bytes: Any
 
     def _setup_mix(self, weights: dict | None, mix_by: str) -> None:
         """Sources and their weights (``ndp.loader.sources.mix_sources``)."""
@@ -167,6 +172,19 @@ class Mixing:
                 taken = np.arange(part.shape[0], used) % part.shape[0]
                 again_by_source[name] = self.place_packets(part[taken])
         return kept, unused_by_source, again_by_source
+
+    def unmixed(self, epoch: int, rank: int) -> np.ndarray:
+        """Rank ``rank``'s places of ``epoch`` before mixing and the rank balance (after
+        CRC-Drop): what its mixing drew from, whatever the weights."""
+        rest = self.elastic if self.elastic is not None and self.elastic.epoch == epoch else None
+        if rest is not None:
+            return rank_share(rest.packets, rank, self.world_size)
+        order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                            shard_bytes=self._shard_bytes, window_bytes=self._window_bytes)
+        dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
+                            rate=self.crc_drop_rate)
+        share = rank_share(order, rank, self.world_size)
+        return share[~dropped[share]]
 
     def by_source(self, share: np.ndarray, counted: dict) -> None:
         """Turn a batch's ``_range`` of newly counted share positions into packets per source

@@ -125,7 +125,9 @@ def check_state(state: Any, mine: dict, plan: Plan) -> dict[str, int]:
         raise LoaderStateError(
             f"loader state was made on dataset {state.get('fingerprint')!r}, this loader reads "
             f"{mine['fingerprint']!r} (other shards, sizes or contents): its positions would "
-            f"mean other packets; resume on the dataset it was made on")
+            f"mean other packets. A shard it was made on was removed, renamed or rewritten "
+            f"since (only shards added after its last keep a state valid: ndp convert "
+            f"--append), or this is another dataset; resume on the dataset it was made on")
     for key in SETTINGS:
         if key == "vocab_size" and version in (1, 2):
             continue  # older states did not record it

@@ -22,6 +22,7 @@ from ndp.wire.format import SYNC
 from ndp.store.index import Corruption, Index, ScanResult, check_headers, scan_shard
 from ndp.store.columns import Column, entries_at
 from ndp.store.digests import IndexDigests
+from ndp.store.growth import fingerprint_of
 from ndp.store.lazy import EntryCache, LazyIndex, entries_digest, open_index
 from ndp.store.pieces import Pieces, pieces_of
 from ndp.store.listing import PathLike, listed
@@ -200,14 +201,12 @@ class Corpus:
         #: group number of each global packet (``groups[g]`` names it)
         self.shard_group = np.asarray(shard_group, np.int64)
         self.group = Column(self, "group")
-        #: what a resume state must have been made on: the shards' names, sizes, crc32s (as
-        #: their indexes record them) and packet counts, hashed
-        digest = hashlib.sha256()
-        for group, path, shard, index in zip(shard_group, self.paths, self.shards,
-                                             self.indexes):
-            digest.update(f"{self.groups[group]}/{path.name}:{shard.size}:"
-                          f"{index.shard_crc32}:{len(index)};".encode())
-        self.fingerprint = digest.hexdigest()[:16]
+        #: what a resume state must have been made on (``fingerprint_of``), shard by shard
+        self._marks = [f"{self.groups[group]}/{path.name}:{shard.size}:{index.shard_crc32}:"
+                       f"{len(index)};".encode()
+                       for group, path, shard, index in zip(shard_group, self.paths,
+                                                            self.shards, self.indexes)]
+        self.fingerprint = fingerprint_of(self._marks)
         #: which versions of the index files were opened (each sidecar's size and modification
         #: time; a scan's shard crc32), hashed: what a count made from them is keyed by beside
         #: the fingerprint (an index damaged or rebuilt in place is another version)

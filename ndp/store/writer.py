@@ -49,8 +49,9 @@ class _OpenShard:
 
 
 class ShardWriter:
-    """Writes packets into ``directory/<prefix>-00000.ndp``, ``-00001.ndp``, ... with indexes,
-    and commits them with the manifest ``ndp.json`` (``ndp.store.manifest``).
+    """Writes packets into ``directory/<prefix>-00000.ndp``, ``-00001.ndp``, ... (from
+    ``<prefix>-<first>``) with indexes, and commits them with the manifest ``ndp.json``
+    (``ndp.store.manifest``).
 
     Each shard is written atomically (``ndp.store.atomic``: ``<name>.tmp``, fsynced, renamed into
     place only when it is complete), so a crash leaves a ``.tmp`` file and never a half shard
@@ -68,6 +69,7 @@ class ShardWriter:
         directory: str | os.PathLike,
         *,
         prefix: str = "shard",
+        first: int = 0,
         max_shard_bytes: int = 256 << 20,
         header: bool = True,
         on_finish: Callable[[ShardInfo], None] | None = None,
@@ -80,6 +82,7 @@ class ShardWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.prefix = prefix
+        self.first = first  # the first shard's number (``ndp convert --append``: after the last)
         self.max_shard_bytes = max_shard_bytes
         self.header = header
         self.on_finish = on_finish  # called with each shard once it and its index are written
@@ -88,7 +91,7 @@ class ShardWriter:
         self._current: _OpenShard | None = None
 
     def _open(self) -> _OpenShard:
-        path = self.directory / f"{self.prefix}-{len(self.finished):05d}{SHARD_SUFFIX}"
+        path = self.directory / f"{self.prefix}-{self.first + len(self.finished):05d}{SHARD_SUFFIX}"
         cur = _OpenShard(path=path, out=AtomicFile(path))
         if self.header:
             self._append(cur, encode_shard_header())
