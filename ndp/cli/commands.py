@@ -75,6 +75,10 @@ def run_convert(args: argparse.Namespace) -> int:
     from ndp.errors import ConfigError
 
     fmt = _input_format(args)
+    if args.append and (fmt != "text" or args.engine == "ray"):
+        raise ConfigError("--append adds text inputs (JSONL, Parquet, Arrow, text) converted "
+                          "with the local engine; convert token files, or with --engine ray, "
+                          "into a directory of their own and read both")
     if fmt != "text" and args.engine == "ray":
         raise ConfigError("--engine ray converts text inputs (JSONL, Parquet, Arrow, text); "
                           "token files are converted without a tokenizer: drop --engine")
@@ -106,6 +110,7 @@ def run_convert(args: argparse.Namespace) -> int:
         text_unit=args.text_unit,
         eos_token_id=args.eos_id,
         overwrite=args.overwrite,
+        append=args.append,
         progress=not args.no_progress and not args.json,
         fields={name: column for name, column in (
             ("text", args.text_field), ("messages", args.messages_field),

@@ -35,6 +35,7 @@ OPTIONS = {
     "max_tokens": "--max-tokens",
     "overflow": "--overflow",
     "overwrite": "--overwrite",
+    "append": "--append",
     "shard_tokens": "--shard-tokens",
     "split": "--split",
     "storage_options": "--storage-options",
@@ -186,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "cut at (default: the id an ndp export recorded in the llm.c header, "
                         "else 50256 for llm.c version 1, else not cut)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in OUTPUT")
+    p.add_argument("--append", action="store_true",
+                   help="add the new shards to the dataset in OUTPUT (a new generation of its "
+                        "manifest, atomic): resume states saved before go on exactly, and the "
+                        "new shards join at the next epoch")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true",
                    help="machine-readable summary on stdout (no progress bar)")

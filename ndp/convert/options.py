@@ -65,6 +65,8 @@ class ConvertOptions:
     text_unit: str = "file"
     eos_token_id: int | None = None
     overwrite: bool = False
+    #: add the shards to the committed dataset at the output (``ndp.convert.append``)
+    append: bool = False
     progress: bool = True
     #: columns read as schema fields, e.g. {"text": "content"} (``ndp.convert.records``)
     fields: dict[str, str] = field(default_factory=dict)

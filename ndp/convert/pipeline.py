@@ -13,7 +13,8 @@ at any moment leaves ``output`` as it was (nothing, or the old dataset when over
 of a dataset; one stopped by SIGTERM or Ctrl-C also removes what it staged and says so in one line,
 and a second conversion into the same output while this one runs is refused at once (a lock file
 beside it). An output URL (``s3://bucket/prefix/``) gets each shard uploaded as it is finished and
-the manifest last (``ndp.store.upload``).
+the manifest last (``ndp.store.upload``). With ``append``, the shards are added to the dataset
+at ``output`` as the next generation of its manifest (``ndp.convert.append``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ from ndp.convert.options import (
     check_skipped,
     manifest_extra,
     warn_truncation,
+)
+from ndp.convert.append import (
+    check_same_tokenizer,
+    dataset_to_grow,
+    grown_manifest,
+    grown_output,
+    next_shard,
+    same_width,
 )
 from ndp.convert.packets import PacketMaker
 from ndp.convert.sources import expand_inputs, input_size
@@ -52,13 +61,20 @@ def convert(
     logged (``ndp.convert`` logger) and counted in ``summary.skipped``.
     """
     opts = options
+    old = dataset_to_grow(output, overwrite=opts.overwrite) if opts.append else None
+    if old is not None:
+        opts = same_width(opts, old, output)
     files = expand_inputs(list(inputs), storage_options=opts.storage_options)
     maker = PacketMaker(tokenizer, opts, output=output)
     summary = maker.summary
     started = time.perf_counter()
-    with dataset_output(output, overwrite=opts.overwrite,
-                        storage_options=opts.storage_options) as (stage, on_finish, publish):
-        writer = ShardWriter(stage, max_shard_bytes=opts.max_shard_bytes, on_finish=on_finish)
+    if old is not None:
+        check_same_tokenizer(old, maker.info, output)
+    opened = grown_output(output, old) if old is not None else dataset_output(
+        output, overwrite=opts.overwrite, storage_options=opts.storage_options)
+    with opened as (stage, on_finish, publish):
+        writer = ShardWriter(stage, first=0 if old is None else next_shard(old, output),
+                             max_shard_bytes=opts.max_shard_bytes, on_finish=on_finish)
         with writer, progress_bar(total=sum(input_size(f) for f in files), unit="B",
                                   unit_scale=True, desc="convert", enabled=opts.progress) as bar:
             records = maker.run(files, writer, bar=bar, early_check=True)
@@ -68,5 +84,8 @@ def convert(
             summary.shards = [f"{summary.output}/{s.path.name}" for s in writer.finished]
             summary.bytes = sum(s.size for s in writer.finished)
             summary.seconds = time.perf_counter() - started
-            publish(writer.commit(manifest_extra(summary, maker.info, opts)))
+            extra = manifest_extra(summary, maker.info, opts)
+            if old is not None:  # the next generation of the dataset's manifest
+                extra = grown_manifest(old, extra, [s.path.name for s in writer.finished])
+            publish(writer.commit(extra))
     return summary
