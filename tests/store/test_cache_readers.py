@@ -99,6 +99,7 @@ def test_stuck_only_when_every_reader_waits_and_the_pins_fill_the_limit(tmp_path
 # ----------------------------------------------------------------------- processes, for real
 READER = textwrap.dedent("""
     import sys
+    import time
     from ndp.errors import CacheFullError
     from ndp.store.cache import ShardCache
 
@@ -113,6 +114,8 @@ READER = textwrap.dedent("""
         out.seek(0)
         out.write(bytes([i]) * size)
         out.truncate()
+        time.sleep(0.3)  # a real download takes a while: on a loaded machine one reader
+        # could otherwise cache both its shards and leave before the others start
 
     try:
         for name in mine:
