@@ -175,18 +175,19 @@ def remainder(plan: Plan, *, epoch: int, world_size: int, shape: dict,
     the one it stopped at; ``mixed``: the old run's ``mix`` and ``mix_size`` where they were
     not ``plan``'s (the rest is then mixed again: ``Remainder.remix``)."""
     tails, partial_at = [], []  # partial_at: where in its tail an old rank's partial place is
-    for rank, (pos, tok) in enumerate(positions):
-        old = _old(plan, rank, world_size, shape, start, epoch, mixed)
-        sh = old.share(epoch)
-        if mixed is None:
+    if mixed is None:
+        for rank, (pos, tok) in enumerate(positions):
+            sh = _old(plan, rank, world_size, shape, start, epoch).share(epoch)
             tails.append(sh.packets[min(pos, sh.length): sh.length])
             partial_at.append(0 if tok and pos < sh.length else -1)
-            continue
-        pool = old.unmixed(epoch, rank)  # what its mixing drew from, less what it delivered
-        tail = pool[~np.isin(pool, sh.packets[:min(pos, sh.length)])]
-        tails.append(tail)
-        inside = np.flatnonzero(tail == sh.packets[pos]) if tok and pos < sh.length else []
-        partial_at.append(int(inside[0]) if len(inside) else -1)
+    else:  # what each old rank's mixing drew from, less what it delivered
+        every = _old(plan, 0, world_size, shape, start, epoch, mixed).every_share(epoch)
+        length = min(drawn.shape[0] for _, drawn in every)  # the rank balance's cut
+        for (pool, drawn), (pos, tok) in zip(every, positions):
+            tail = pool[~np.isin(pool, drawn[:min(pos, length)])]
+            tails.append(tail)
+            inside = np.flatnonzero(tail == drawn[pos]) if tok and pos < length else []
+            partial_at.append(int(inside[0]) if len(inside) else -1)
     lengths = np.array([t.shape[0] for t in tails], np.int64)
     turn = np.concatenate([np.arange(n) for n in lengths]) if lengths.sum() else np.zeros(0, int)
     owner = np.repeat(np.arange(len(tails)), lengths)

@@ -31,8 +31,10 @@ with fewer batches per chunk, or more, the Loader delivers the same ones.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -45,11 +47,8 @@ from ndp.loader.order import (
     WINDOW_BYTES,
     check_mix_size,
     check_window,
-    drop_mask,
-    epoch_order,
     epoch_windows,
     packets_at_once,
-    rank_share,
 )
 from ndp.loader.packing import count_batches
 from ndp.loader.reach import Reach
@@ -58,6 +57,7 @@ from ndp.loader.shapes import Shapes
 from ndp.loader.steps import RunSteps
 from ndp.loader.shared_count import epoch_count
 from ndp.loader.sources import Mixing
+from ndp.loader.whole import share_whole
 from ndp.store.corpus import Corpus
 from ndp.wire.format import INDEX_ENTRY_DTYPE
 
@@ -100,6 +100,7 @@ class Plan(Reach, RunSteps, Mixing):
         #: the plan of the dataset before it grew, for the epoch resumed in (``set_elastic``)
         self.grown: Plan | None = None
         self.resumed = -1  #: a ``grown`` plan's epoch
+        self._whole: dict | None = None  # ``memo``
         #: the most elements of any per-packet array the last epoch's planning built (this
         #: rank's own share aside): a window's packets (``ndp.loader.epoch``), or the whole
         #: order with mixing or an elastic remainder
@@ -160,6 +161,16 @@ class Plan(Reach, RunSteps, Mixing):
         self._shares, self._batches = {}, {}
         self._fit_cache(whole=remainder is not None or self.crc_drop_rate > 0
                         or self._mix_keys is not None or self._budget_padded)
+
+    @contextlib.contextmanager
+    def memo(self) -> Iterator[None]:
+        """Within: this plan and those made from it (``variant``) share the last epoch built
+        whole (``ndp.loader.whole``), so that a resume from many old ranks builds it once."""
+        self._whole = {}
+        try:
+            yield
+        finally:
+            self._whole = None
 
     def plan_ahead(self, epoch: int) -> None:
         """Plan ``epoch`` ahead, on the plan's thread (``ndp-plan``; one at most, ending when
@@ -249,7 +260,7 @@ class Plan(Reach, RunSteps, Mixing):
             share = Share(packets, m, Count(walked.batches, cut=walked.cut), walked.dropped,
                           {}, {}, walked.balanced)
         else:
-            share = self._share_whole(epoch, rest)
+            share = share_whole(self, epoch, rest)
         # the producer works an epoch ahead of the consumer (and of len()), and plans the one
         # after it ahead: keep two shares, and every batch count
         with self._store:  # the producer, the consumer and the plan's thread
@@ -327,45 +338,6 @@ class Plan(Reach, RunSteps, Mixing):
         """``epoch_batches(epoch)`` is known without waiting."""
         have = self._shares.get(epoch)
         return epoch in self._batches or (have is not None and have.count.known)
-
-    def _share_whole(self, epoch: int, rest: Any) -> Share:
-        """``share`` by building the epoch's whole order and every rank's share: mixing draws
-        over a rank's whole share, and an elastic remainder is a whole order already."""
-        if rest is not None and rest.remix:  # dropped; mixed again by this plan's mix
-            every = [(m, 0, *u) for m, *u in (
-                self._mixed(rank_share(rest.packets, r, self.world_size), epoch, r,
-                            self.mix_size if isinstance(self.mix_size, str)
-                            else max(0, self.mix_size - rest.delivered))
-                for r in range(self.world_size))]
-            self.peak_plan_elements = int(rest.packets.shape[0])
-        elif rest is not None:  # already dropped and mixed by the run it comes from
-            every = [(rank_share(rest.packets, r, self.world_size), 0, {}, {})
-                     for r in range(self.world_size)]
-            self.peak_plan_elements = int(rest.packets.shape[0])
-        else:
-            order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch,
-                                shuffle=self.shuffle, shard_bytes=self._shard_bytes,
-                                window_bytes=self._window_bytes)
-            dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
-                                rate=self.crc_drop_rate)
-            every = [self._kept(order, dropped, epoch, r) for r in range(self.world_size)]
-            self.peak_plan_elements = int(order.shape[0])
-        m = min(k.shape[0] for k, *_ in every)
-        kept, n_dropped, unused, again = every[self.rank]
-        shapes = self.shapes_of(epoch)
-        batches = min(self.batches_of(k[:m], shapes) for k, *_ in every)
-        own = kept[:m]
-        packets = np.concatenate([own, own]) if self.mode == "packed" else own
-        if rest is None:
-            again_given = 0
-        elif rest.remix:  # where mixing put them in this share
-            again_given = self.place_packets(own[np.isin(own, rest.packets[rest.partial])])
-        else:
-            again_given = self.place_packets(rest.packets[rest.partial[
-                (rest.partial % self.world_size == self.rank)
-                & (rest.partial // self.world_size < m)]])
-        return Share(packets, m, Count(batches), n_dropped, unused, again,
-                     self.place_packets(kept[m:]), again_given)
 
     def batches_of(self, share: np.ndarray, shapes: Shapes) -> int:
         """Batches ``share`` makes by the index's token counts (what it makes when nothing in

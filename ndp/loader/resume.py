@@ -37,7 +37,8 @@ def resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
     if grown is not None:  # the state's epoch is read from the dataset as it was
         plan = grown
         mine = {**mine, **grown.dataset_of(0)}
-    checked, start, rest = _resume(plan, state, mine, elastic=elastic)
+    with plan.memo():  # the old ranks' shares of one epoch: its order built once
+        checked, start, rest = _resume(plan, state, mine, elastic=elastic)
     if grown is not None:
         grown.set_elastic(rest)
         grown.set_start(checked["epoch"], start)

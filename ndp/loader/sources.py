@@ -173,18 +173,27 @@ class Mixing:
                 again_by_source[name] = self.place_packets(part[taken])
         return kept, unused_by_source, again_by_source
 
-    def unmixed(self, epoch: int, rank: int) -> np.ndarray:
-        """Rank ``rank``'s places of ``epoch`` before mixing and the rank balance (after
-        CRC-Drop): what its mixing drew from, whatever the weights."""
+    def every_share(self, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Every rank's places of ``epoch`` (after CRC-Drop) before mixing, and its share as
+        mixing draws it from them (before the rank balance cuts it): what an elastic resume
+        with another mix needs of every old rank, the epoch's order built once."""
         rest = self.elastic if self.elastic is not None and self.elastic.epoch == epoch else None
+        size = self.mix_size
         if rest is not None:
-            return rank_share(rest.packets, rank, self.world_size)
-        order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
-                            shard_bytes=self._shard_bytes, window_bytes=self._window_bytes)
-        dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
-                            rate=self.crc_drop_rate)
-        share = rank_share(order, rank, self.world_size)
-        return share[~dropped[share]]
+            pools = [rank_share(rest.packets, r, self.world_size)
+                     for r in range(self.world_size)]
+            if not rest.remix:  # mixed already by the run it comes from
+                return [(p, p) for p in pools]
+            size = size if isinstance(size, str) else max(0, size - rest.delivered)
+        else:
+            order = epoch_order(self.corpus.base, seed=self.seed, epoch=epoch,
+                                shuffle=self.shuffle, shard_bytes=self._shard_bytes,
+                                window_bytes=self._window_bytes)
+            dropped = drop_mask(self.corpus.n_packets, seed=self.seed, epoch=epoch,
+                                rate=self.crc_drop_rate)
+            pools = [s[~dropped[s]] for s in (rank_share(order, r, self.world_size)
+                                              for r in range(self.world_size))]
+        return [(p, self._mixed(p, epoch, r, size)[0]) for r, p in enumerate(pools)]
 
     def by_source(self, share: np.ndarray, counted: dict) -> None:
         """Turn a batch's ``_range`` of newly counted share positions into packets per source
