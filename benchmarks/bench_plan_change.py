@@ -17,7 +17,7 @@ How it grows: a plain resume of a mixed run plans the epoch whole, O(packets); a
 the old run's epoch once more (every old rank's share from one order: ``ndp.loader.whole``)
 and the rest once, so O(packets) too, a few times the plain resume's cost.
 
-    python benchmarks/bench_plan_change.py --sizes 1e6,1e7 --out benchmarks/results
+    python benchmarks/bench_plan_change.py --out benchmarks/results      # 1e7 and 1e8 documents
     python benchmarks/bench_plan_change.py --sizes 1e5 --smoke
 """
 
@@ -75,6 +75,10 @@ print(json.dumps({"import_s": imported - t0, "open_s": opened - imported,
 
 def groups_of(folder: Path, *, grown: bool) -> dict:
     shards = sorted(str(p) for p in folder.glob("shard-*.ndp"))
+    if len(shards) < 3:
+        raise SystemExit(f"{folder} has {len(shards)} shard(s): two groups and one shard to "
+                         f"append need 3 or more (a smaller --shard-mb makes more, in another "
+                         f"--data folder than bench_scale.py's)")
     half = len(shards) // 2
     return {"a": shards[:half], "b": shards[half:] if grown else shards[half:-1]}
 
@@ -126,7 +130,7 @@ def measure(n: int, args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1e6,1e7", help="documents, comma separated")
+    parser.add_argument("--sizes", default="1e7,1e8", help="documents, comma separated")
     parser.add_argument("--world", type=int, default=8, help="ranks of the run")
     parser.add_argument("--steps", type=int, default=20, help="batches before the state")
     parser.add_argument("--data", type=Path, default=Path("/tmp/ndp-scale-data"))

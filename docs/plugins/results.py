@@ -132,7 +132,8 @@ def kinds_of(name: str, report: dict) -> list[str]:
                                    ("bad-inputs-", "bad-inputs", "cases", list),
                                    ("scale-", "scale", "records", list),
                                    ("schedule-", "schedule", "modes", dict),
-                                   ("kernel-profile-", "kernels", "modes", dict)):
+                                   ("kernel-profile-", "kernels", "modes", dict),
+                                   ("plan-change-", "plan-change", "sizes", list)):
         if name.startswith(prefix) and isinstance(report.get(key), typ):
             kinds.append(kind)
     return kinds
