@@ -36,7 +36,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_cpu import machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
-from scale_data import dataset_spec, ensure_dataset, index_dataset, parse_size, size_name  # noqa: E402
+from scale_data import (  # noqa: E402
+    dataset_spec,
+    ensure_dataset,
+    index_dataset,
+    parse_size,
+    size_name,
+)
 
 OLD_MIX = {"a": 0.5, "b": 0.5}
 CASES = {

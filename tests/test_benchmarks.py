@@ -75,6 +75,25 @@ def test_schedule_benchmark_smoke_run(tmp_path):
         assert all("step_tokens" not in run for run in warm["runs"])
 
 
+def test_plan_change_benchmark_smoke_run(tmp_path):
+    """``bench_plan_change.py --smoke``: each resume (the same settings, another mix or batch
+    size, a grown dataset, both) in a process of its own, timed against a plain resume; the
+    changes go on in the rest of the epoch, a plain or grown resume does not."""
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_plan_change.py"), "--smoke",
+                           "--sizes", "1e5", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("plan-change-*-smoke.json")
+    report = json.loads(result.read_text())
+    (size,) = report["sizes"]
+    cases = size["cases"]
+    assert size["documents"] == 100_000 and len(cases) == 5
+    assert all(c["load_state_s"] > 0 and c["peak_rss_mb"] > 0 for c in cases.values())
+    assert cases["same settings"]["over_same_settings"] == 1.0
+    assert [name for name, c in cases.items() if c["in_a_remainder"]] == [
+        "another mix", "another batch size", "grown and another mix"]
+
+
 def test_loader_comparison_smoke_run(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "bench_loaders.py"), "--smoke", "--out",
                            str(tmp_path), "--rounds", "2"],

@@ -274,13 +274,11 @@ class Loader(StepViews):
         ``world_size``, as a list, continue its epoch on this run's ranks, each remaining packet
         once (one is enough in padded and packing mode, with ``elastic=True``); a state with
         other batch shapes or another mix goes on so too, with a warning."""
-        checked, start, rest, grown = resume(self.plan, state, self.state_dict(),
-                                             elastic=elastic)
+        resumed = resume(self.plan, state, self.state_dict(), elastic=elastic)
         self._active = None
         self._stop_producer()
-        self.plan.set_elastic(rest, grown)  # stops the plan's thread first
-        self.plan.set_start(checked["epoch"], start)
-        self._state = checked
+        self.plan.go_on(resumed)  # stops the plan's thread first
+        self._state = resumed.position
 
     def __len__(self) -> int:
         """Batches this rank delivers in the whole current epoch (the one the next loop

@@ -152,6 +152,22 @@ class Plan(Reach, RunSteps, Mixing):
         other.grown, other.resumed = None, -1
         return other
 
+    def go_on(self, resumed: Any) -> None:
+        """Plan from where a resume goes on (``ndp.loader.resume.Resumed``): its remainder,
+        the dataset as it was, its epoch's first step, and its share as planned already."""
+        self.set_elastic(resumed.rest, resumed.grown)
+        epoch = resumed.position["epoch"]
+        self.set_start(epoch, resumed.start)
+        if resumed.planned is not None:  # counted already (``ndp.loader.resume``)
+            plans = resumed.grown if resumed.grown is not None else self
+            with plans._store:
+                plans._shares[epoch] = resumed.planned
+                plans._batches[epoch] = resumed.planned.batches
+
+    def planned_share(self, epoch: int) -> Share | None:
+        """``epoch``'s share if planned (never plans it)."""
+        return self._shares.get(epoch)
+
     def set_elastic(self, remainder: Any, grown: Plan | None = None) -> None:
         """Take the rest of ``remainder.epoch`` from ``remainder`` (or nothing: ``None``);
         ``grown``: the plan of the dataset before it grew, which plans the epoch resumed in

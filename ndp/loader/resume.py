@@ -16,39 +16,50 @@ seed cannot be exact and stays refused (``ndp.loader.state``).
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from ndp.errors import LoaderStateError
 from ndp.loader.elastic import MIX, SHAPE, Remainder, from_record, from_states
 from ndp.loader.plan import Plan
+from ndp.loader.share import Share
 from ndp.loader.state import check_state, state_start
 from ndp.store.growth import first, grown_from
 
 
-def resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
-           ) -> tuple[dict[str, int], int, Remainder | None, Plan | None]:
-    """``(position, start, remainder, grown)`` for ``state``: the (epoch, pos, tok, batch) to
-    go on from, the run step of that epoch's first batch, the elastic remainder it is in (or
-    ``None``), and the plan of the dataset as it was where it grew since (or ``None``).
-    ``mine``: the resuming Loader's own state (its settings). Raises ``LoaderStateError``
-    naming what does not fit."""
+@dataclass(frozen=True)
+class Resumed:
+    """Where a resumed Loader goes on (``resume``; ``Plan.go_on`` takes it)."""
+
+    position: dict[str, int]  #: the (epoch, pos, tok, batch) to go on from
+    start: int  #: the run step of that epoch's first batch
+    rest: Remainder | None  #: the elastic remainder the epoch is, or None
+    grown: Plan | None  #: the plan of the dataset as it was where it grew since, or None
+    planned: Share | None  #: the epoch's share as checking the state planned it, or None
+
+
+def resume(plan: Plan, state: Any, mine: dict, *, elastic: bool) -> Resumed:
+    """Where a Loader resumed from ``state`` goes on. ``mine``: the resuming Loader's own
+    state (its settings). Raises ``LoaderStateError`` naming what does not fit."""
     mine = {**mine, "fingerprint": plan.corpus.fingerprint, "n_packets": plan.corpus.n_packets}
     grown = _grown(plan, state, mine)
     if grown is not None:  # the state's epoch is read from the dataset as it was
         plan = grown
         mine = {**mine, **grown.dataset_of(0)}
     with plan.memo():  # the old ranks' shares of one epoch: its order built once
-        checked, start, rest = _resume(plan, state, mine, elastic=elastic)
+        checked, start, rest, planned = _resume(plan, state, mine, elastic=elastic)
     if grown is not None:
         grown.set_elastic(rest)
         grown.set_start(checked["epoch"], start)
         grown.resumed = checked["epoch"]
-    return checked, start, rest, grown
+    return Resumed(checked, start, rest, grown, planned)
 
 
 def _resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
-            ) -> tuple[dict[str, int], int, Remainder | None]:
-    """``resume`` on the dataset the state was made on."""
+            ) -> tuple[dict[str, int], int, Remainder | None, Share | None]:
+    """``resume`` on the dataset the state was made on: position, start, remainder, and the
+    share checking the state planned (the plan's own, made once: at 1e8 packets a mixed
+    epoch's plan takes half a minute)."""
     if isinstance(state, dict) and not elastic and _other_shape(state, mine):
         elastic = True  # the plan changed by hand: the rest of the epoch in the new shapes
         warnings.warn(
@@ -61,7 +72,7 @@ def _resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
     if isinstance(state, (list, tuple)) or (elastic and isinstance(state, dict)):
         rest = from_states(list(state) if not isinstance(state, dict) else [state], mine, plan)
         # the rest of the epoch begins at the step the earlier run stopped at
-        return {"epoch": rest.epoch, "pos": 0, "tok": 0, "batch": 0}, rest.step, rest
+        return {"epoch": rest.epoch, "pos": 0, "tok": 0, "batch": 0}, rest.step, rest, None
     record = state.get("elastic") if isinstance(state, dict) else None
     rest = None if record is None else from_record(record, plan)
     try:  # checked after its other fields (below): a damaged state is said so first
@@ -73,7 +84,11 @@ def _resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
                          epoch=state.get("epoch") if isinstance(state, dict) else 0)
     trial.set_elastic(rest)  # checked against the epoch it resumes in
     checked = check_state(state, mine, trial)
-    return checked, state_start(state), rest
+    planned = trial.planned_share(checked["epoch"])
+    # a share planned whole (mixing, CRC-Drop, a remainder) is counted; one read place by
+    # place is made at once, and counted on its plan's thread: made again, not taken over
+    taken = planned if planned is not None and planned.count.final else None
+    return checked, state_start(state), rest, taken
 
 
 def _grown(plan: Plan, state: Any, mine: dict) -> Plan | None:
@@ -108,17 +123,22 @@ def _other_shape(state: dict, mine: dict) -> bool:
     return (state.get("version") == mine["version"]
             and state.get("world_size") == mine["world_size"]
             and state.get("rank") == mine["rank"]
-            and any(state.get(key) != mine.get(key) for key in SHAPE + MIX))
+            and any(_setting(state, key) != mine.get(key) for key in SHAPE + MIX))
+
+
+def _setting(state: dict, key: str) -> Any:
+    """``state[key]``; a state from before ``mix_size`` existed mixed by "shortest"."""
+    return state.get(key, "shortest" if key == "mix_size" else None)
 
 
 def _shapes(state: dict, other: dict) -> str:
     """The batch shape and mix settings of ``state`` that ``other`` does not share."""
-    return ", ".join(f"{key}={_short(state.get(key))}" for key in SHAPE + MIX
-                     if state.get(key) != other.get(key))
+    return ", ".join(f"{key}={_short(_setting(state, key))}" for key in SHAPE + MIX
+                     if _setting(state, key) != _setting(other, key))
 
 
 def _mixed(state: dict, mine: dict) -> str:
-    if all(state.get(key) == mine.get(key) for key in MIX):
+    if all(_setting(state, key) == mine.get(key) for key in MIX):
         return ""
     return (", mixed by its weights from what the epoch has not delivered yet (what the old "
             "weights would have left unused included)")
