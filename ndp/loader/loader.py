@@ -273,7 +273,8 @@ class Loader(StepViews):
         Elastic resume (``ndp.loader.elastic``): the states of every rank of a run with another
         ``world_size``, as a list, continue its epoch on this run's ranks, each remaining packet
         once (one is enough in padded and packing mode, with ``elastic=True``); a state with
-        other batch shapes or another mix goes on so too, with a warning."""
+        other batch shapes or another mix goes on so too, with a warning, and one made before
+        shards were appended goes on over those it began with (``ndp.store.growth``)."""
         resumed = resume(self.plan, state, self.state_dict(), elastic=elastic)
         self._active = None
         self._stop_producer()

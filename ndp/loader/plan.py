@@ -230,7 +230,10 @@ class Plan(Reach, RunSteps, Mixing):
 
     def stop_ahead(self) -> None:
         """Abandon what the plan's thread is doing (a count or a plan made ahead, taken up
-        again when wanted), and wait for it (at most a block's or a window's pass)."""
+        again when wanted), and wait for it (at most a block's or a window's pass); and the
+        thread of the plan of the dataset as it was (``grown``) too."""
+        if self.grown is not None:
+            self.grown.stop_ahead()
         thread = self._ahead
         if thread is not None:
             self._ahead_stop.set()

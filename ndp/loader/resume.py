@@ -84,6 +84,7 @@ def _resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
                          epoch=state.get("epoch") if isinstance(state, dict) else 0)
     trial.set_elastic(rest)  # checked against the epoch it resumes in
     checked = check_state(state, mine, trial)
+    trial.stop_ahead()  # a count it began is the resuming plan's to make: not made twice
     planned = trial.planned_share(checked["epoch"])
     # a share planned whole (mixing, CRC-Drop, a remainder) is counted; one read place by
     # place is made at once, and counted on its plan's thread: made again, not taken over

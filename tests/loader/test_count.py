@@ -6,6 +6,7 @@ batches come before the count is known, the same batches as ever."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -125,9 +126,13 @@ def test_a_resume_mid_epoch_does_not_wait_for_the_count(tmp_path, monkeypatch):
     gate = threading.Event()
     real = count_module.count_pass
 
-    def held(*args, **kwargs):
+    def held(*args, **kwargs):  # a long count: it ends when let go or told to stop
         out = real(*args, **kwargs)
-        gate.wait(60)
+        stop, waited = kwargs.get("stop"), time.monotonic()
+        while not gate.wait(0.01):
+            if stop is not None and stop():
+                raise Stopped("the count was stopped")  # as a real pass is, part way
+            assert time.monotonic() - waited < 60
         return out
 
     monkeypatch.setattr(count_module, "count_pass", held)

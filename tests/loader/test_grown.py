@@ -177,3 +177,39 @@ def test_the_simulator_gives_the_cpus_batches_after_an_append(data):
         out.append([host(b) for b in loader])
         loader.close()
     assert len(out[0]) > 0 and same(*out)
+
+
+def test_closing_a_loader_resumed_on_a_grown_dataset_leaves_no_plan_thread(data,
+                                                                          monkeypatch):
+    """The epoch begun before the append is planned (and counted, on its own thread) by the
+    plan of the dataset as it was: closing the Loader stops that thread too."""
+    import threading
+
+    import ndp.loader.count as count_module
+    from ndp.loader.epoch import Stopped
+
+    monkeypatch.setenv("NDP_COUNT_CACHE", "off")  # counted here, not found written
+    state = saved(make(data, "packed"), STOP)
+    append(data, 1, first=3)
+    gate, real = threading.Event(), count_module.count_pass
+
+    def held(*args, **kwargs):  # a long count: it ends when told to stop
+        out = real(*args, **kwargs)
+        stop = kwargs.get("stop")
+        while not gate.wait(0.01):
+            if stop is not None and stop():
+                raise Stopped("the count was stopped")  # as a real pass is, part way
+        return out
+
+    monkeypatch.setattr(count_module, "count_pass", held)
+    grown = make(data, "packed")
+    with pytest.warns(UserWarning, match="first 3 of the 4 shards"):
+        grown.load_state_dict(state)
+    try:
+        loop = iter(grown)
+        next(loop)
+        assert [t for t in threading.enumerate() if t.name == "ndp-plan"]  # counting
+        grown.close()
+        assert not [t for t in threading.enumerate() if t.name == "ndp-plan" and t.is_alive()]
+    finally:
+        gate.set()
