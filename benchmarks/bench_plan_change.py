@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_cpu import machine  # noqa: E402
+from ndp.store.atomic import atomic_write  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 from scale_data import (  # noqa: E402
     dataset_spec,
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / (f"plan-change-{datetime.now():%Y%m%d-%H%M%S}"
                        f"{'-smoke' if args.smoke else ''}.json")
-    path.write_text(json.dumps(report, indent=1))
+    atomic_write(path, json.dumps(report, indent=1))
     print(path)
     return 0
 
