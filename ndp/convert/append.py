@@ -99,7 +99,11 @@ def grown_output(output: Any, manifest: dict) -> Iterator[tuple[Path, None, Any]
     (hard links of its shards, indexes and manifest) for the ``ShardWriter`` to add to, swapped
     in whole as ``output`` when the block ends."""
     output = Path(output)
-    with staged_output(output, overwrite=True) as stage:
+    with staged_output(output, overwrite=True) as stage:  # the writers' lock held from here
+        if read_manifest(output) != manifest:  # another writer committed since it was read
+            raise ConfigError(f"{output}: another conversion changed this dataset while this "
+                              f"one started (its {MANIFEST} is not the one read at the "
+                              f"start); nothing of this one was kept: run the append again")
         names = [entry["name"] for entry in manifest["shards"]]
         for name in [MANIFEST, *names, *(n + INDEX_SUFFIX for n in names)]:
             if (output / name).exists():

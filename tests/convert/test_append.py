@@ -128,6 +128,22 @@ def test_an_append_that_fails_leaves_the_dataset_as_it_was(tmp_path, dataset, to
     assert [p.name for p in tmp_path.iterdir() if ".out.ndp-partial" in p.name] == []
 
 
+def test_an_append_whose_dataset_changed_after_it_started_is_refused(tmp_path, dataset,
+                                                                     tokenizer_dir):
+    """Two appends, the second started (its manifest read, its tokenizer loading) before the
+    first committed: it would drop the first's shards from the next generation; refused."""
+    from ndp.convert.append import dataset_to_grow, grown_output
+
+    stale = dataset_to_grow(dataset, overwrite=False)
+    assert main(["convert", str(_jsonl(tmp_path / "a.jsonl", 2, offset=4)), str(dataset),
+                 "--tokenizer", tokenizer_dir, "--append", *SMALL]) == 0
+    files = _files(dataset)
+    with pytest.raises(ConfigError, match="another conversion changed this dataset"):
+        with grown_output(dataset, stale):
+            pass
+    assert _files(dataset) == files  # the first append's generation, whole
+
+
 @pytest.mark.slow
 def test_an_append_killed_at_random_moments_leaves_the_old_or_the_new_generation(
         tmp_path, dataset, tokenizer_dir):
