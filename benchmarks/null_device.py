@@ -92,7 +92,6 @@ def engine_class() -> type:
             self.no_limits = np.empty(0, np.int64)
             self._max_grid = 8 * 132  # an H100's multiprocessors, 8 blocks each
             self._launchers: dict = {}
-            self._done = self.new_event()
             self.truth: np.ndarray | None = None  # every packet's verdict (set by null_loader)
             self.last_packets = np.empty(0, np.int64)  # the packets NullShards staged last
             self.own_seconds = 0.0  # time spent filling verdicts (the null device's own work)
@@ -135,7 +134,7 @@ def engine_class() -> type:
                 host[:n] = self.truth[self.last_packets]
                 self.own_seconds += time.perf_counter() - t
                 self.d2h(host[:n], dev[:n])
-                self._done.record(self.compute_stream)
+                slot.judged.record(self.compute_stream)
 
         def _stream_of(self, handle: int) -> NullStream:
             return NullStream(self.calls, handle)
@@ -153,9 +152,9 @@ def shards_class() -> type:
 
     class NullShards(DeviceShards):
         def stage(self, packets: np.ndarray, slot: Any, entries: Any = None,
-                  shard_ids: Any = None) -> Any:
+                  shard_ids: Any = None, keep: tuple = ()) -> Any:
             self.engine.last_packets = packets
-            return super().stage(packets, slot, entries, shard_ids)
+            return super().stage(packets, slot, entries, shard_ids, keep=keep)
 
     return NullShards
 

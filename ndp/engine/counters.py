@@ -28,6 +28,12 @@ class Counters:
     #: chunks whose batches the consumer still referenced when their ring slot came round
     #: again: their buffers were left to it and new ones allocated (``ndp.loader.serve``)
     held_chunks: int = 0
+    #: chunks staged, their verdicts queued, before the chunk ahead of them was laid out (two
+    #: chunks in flight, ``ndp.loader.ahead``), and of those the ones not used: the chunk
+    #: before ended elsewhere than the index said (its dropped packets moved it), or ended
+    #: the epoch
+    staged_ahead: int = 0
+    ahead_dropped: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -73,6 +73,7 @@ class Slot:
     ready: Any = None  # recorded after the chunk's kernels (GPU)
     released: Any = None  # recorded on the consumer's stream when it is done with the chunk
     released_recorded: bool = False
+    judged: Any = None  # recorded after the copy of the chunk's verdicts to the host (GPU)
 
 
 class CpuEngine:

@@ -65,7 +65,6 @@ class CudaEngine(CpuEngine):
             # grids of at most 8 blocks per multiprocessor (1 block under the simulator)
             self._max_grid = 1 if simulated() else (
                 8 * cuda.get_current_device().MULTIPROCESSOR_COUNT)
-            self._done = self.new_event()
         self._launchers: dict[tuple, Any] = {}
 
     def activated(self) -> Any:
@@ -157,7 +156,7 @@ class CudaEngine(CpuEngine):
                 self.launch(verdict_cuda.verdicts_lanes_cuda, n * lanes, block, block)(
                     *args, np.int64(lanes))
             self.d2h(host[:n], dev[:n])
-            self._done.record(self.compute_stream)
+            slot.judged.record(self.compute_stream)
 
     def verdict_lanes(self, staged: Staged) -> int:
         """Threads per packet for the verdicts of ``staged``: by its packets' mean size where it
@@ -169,9 +168,10 @@ class CudaEngine(CpuEngine):
         return verdict_cuda.lanes_for(staged.packet_bytes / staged.n)
 
     def read_verdicts(self, slot: Slot, n: int) -> np.ndarray:
-        """Wait for the verdicts (the one host wait of a decode call) and return them."""
+        """Wait for the slot's verdicts (the one host wait of a decode call; a chunk staged
+        after them is not waited for) and return them."""
         if n:
-            self.wait(self._done)
+            self.wait(slot.judged)
         return slot.scratch["verdicts"][1][:n]
 
     def build_padded(self, staged: Staged, slot: Slot, row_packet: np.ndarray, pad_id: int,
@@ -224,6 +224,7 @@ class CudaEngine(CpuEngine):
     def acquire(self, slot: Slot) -> None:
         if slot.ready is None:  # made once per slot, reused for every chunk
             slot.ready, slot.released = self.new_event(), self.new_event()
+            slot.judged = self.new_event()
 
     def claim(self, slot: Slot) -> None:
         """Before the build writes the slot's outputs: the consumer's work on the slot's last

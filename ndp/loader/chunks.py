@@ -12,6 +12,7 @@ copies and 1 host wait for ``chunk_batches`` batches, where decoding batch by ba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,11 +47,33 @@ def batches_per_chunk(backend: str, chunk_batches: int | None) -> Any:
 
 
 @dataclass
+class Started:
+    """A chunk planned and staged, its verdicts queued, not yet laid out
+    (``ChunkDecoder.start``)."""
+
+    slot: Slot
+    pos: int
+    tok: int
+    q: int  # the share position it reads to
+    final: bool  # it reads to the share's own end (packed: the epoch's last batches)
+    reach: int  # the batches it was planned for
+    shape: tuple[int, int]
+    budget: int
+    own_end: int | None
+    packets: np.ndarray
+    entries: Any
+    staged: Staged
+    ex: units.Expanded | None
+
+
+@dataclass
 class Chunk:
-    """A decoded chunk: the slot that holds its outputs and the layout of its batches."""
+    """A decoded chunk: the slot that holds its outputs and the layout of its batches (and
+    what was staged for it: ``started``)."""
 
     slot: Slot
     layout: Layout
+    started: Started | None = None
 
 
 class ChunkDecoder:
@@ -73,7 +96,9 @@ class ChunkDecoder:
 
     def decode(self, slot: Slot, share: np.ndarray, pos: int, tok: int, counted_upto: int,
                batches: int | None = None, own_end: int | None = None,
-               shape: tuple[int, int] | None = None, budget: int = 0) -> Chunk:
+               shape: tuple[int, int] | None = None, budget: int = 0, *,
+               started: Started | None = None,
+               then: Callable[[Started], bool] | None = None) -> Chunk:
         """The next chunk from share position ``pos`` (and stream token ``tok``, packed mode),
         its batches of ``shape`` (B, T; default: the run's first; or cut by a token
         ``budget``, ``ndp.loader.shapes``):
@@ -82,59 +107,91 @@ class ChunkDecoder:
         first share position no earlier batch counted. ``own_end`` (packed mode, for the
         epoch's last batches): where the share's own packets end; a chunk that needs no packet
         past it reads up to it, and if it makes all ``batches`` its layout ends the epoch
-        (counting the packets left over)."""
-        plan, engine = self.plan, self.engine
+        (counting the packets left over).
+
+        ``started``: this chunk, already staged with its verdicts queued (``start``, with the
+        same arguments). ``then(started)``: called once the chunk's verdicts are queued and
+        before they are waited for, to stage the next chunk meanwhile (``ndp.loader.ahead``);
+        true if it did (then the next chunk's first shards need no prefetch)."""
+        plan = self.plan
         shape = shape or plan.shapes.at(0)
         n = share.shape[0]
         most = reach = batches or self.per_chunk(*shape)  # batches it makes, and plans to reach
-        engine.acquire(slot)
-        documents = units.active(plan.corpus, plan.mode)  # places hold whole documents
         while True:
-            q = plan.chunk_end(share, pos, tok, reach, shape, budget)
-            final = own_end is not None and q <= own_end
-            if final:
-                q = own_end
-            # a RankOrder's windows know their shards: the stage need not search for them
-            take = getattr(share, "with_shards", None)
-            packets, shard_ids = take(pos, q) if take is not None else (share[pos:q], None)
-            tables = getattr(share, "tables", None)  # a RankOrder's own entries, if held
-            if tables is not None and self.stager.checks_headers:
-                # a GPU's stage reads these shards' indexes whole as it copies them: check
-                # them first and hold them for it (a lie rescanned or refused)
-                plan.corpus.settle(packets)
-            entries = tables.entries(pos, q) if tables is not None else None
-            ex = None
-            if documents:  # each place's document: its packet and the later pieces after it
-                ex = units.expand(plan.corpus, packets, shard_ids, entries)
-                packets, shard_ids, entries = ex.packets, ex.shard_ids, ex.entries
-            try:
-                staged = self.stager.stage(packets, slot, entries, shard_ids)
-            except TooManyShards:
-                if reach == 1:
-                    raise
-                reach = max(1, reach // 2)  # fewer batches, fewer shards at once
-                most = min(most, reach)
-                continue
-            engine.submit_verdicts(staged, slot, self.vocab)
-            if self.stager.prefetches:  # the next chunk's first shards, while this decodes
-                self.stager.prefetch(share[q: plan.chunk_end(share, q, 0, 1, shape, budget)])
-            verdicts = engine.read_verdicts(slot, staged.n)
-            if not self.stager.checks_headers:  # an index matched by size alone: refuse a
-                # lie, from the bytes staged on the host (a GPU's stage checks as it copies);
-                # every entry passed its index's first-use check (``LazyIndex.read_at``)
-                plan.corpus.check_headers(packets, staged.data, staged.offsets, entries)
-            layout = self._layout(verdicts, share, pos, tok, counted_upto, most, q >= n, final,
-                                  shape, budget, ex)
-            if layout.batches or layout.end is not None or q >= n:
+            st, started = started, None
+            if st is None:
+                try:
+                    st = self.start(slot, share, pos, tok, reach, shape, budget, own_end)
+                except TooManyShards:
+                    if reach == 1:
+                        raise
+                    reach = max(1, reach // 2)  # fewer batches, fewer shards at once
+                    most = min(most, reach)
+                    continue
+            ahead = then(st) if then is not None else False
+            then = None  # a chunk laid out again (below) is not followed by another guess
+            if self.stager.prefetches and not ahead:  # the next chunk's first shards, while
+                # this one decodes
+                self.stager.prefetch(share[st.q: plan.chunk_end(share, st.q, 0, 1, shape,
+                                                                budget)])
+            layout = self.lay_out(st, share, counted_upto, most)
+            if layout.batches or layout.end is not None or st.q >= n:
                 break
             reach *= 2  # dropped packets held too few tokens: take more of them (as many
             # batches still: the epoch's last chunk must not make more than it was asked)
-        self._build(layout, staged, slot, shape)
-        self.stager.after(staged, engine)
-        engine.finish(slot)
-        engine.counters.chunks += 1
-        engine.counters.batches += len(layout.batches)
-        return Chunk(slot, layout)
+        self._build(layout, st.staged, slot, shape)
+        self.stager.after(st.staged, self.engine)
+        self.engine.finish(slot)
+        self.engine.counters.chunks += 1
+        self.engine.counters.batches += len(layout.batches)
+        return Chunk(slot, layout, st)
+
+    def start(self, slot: Slot, share: np.ndarray, pos: int, tok: int, reach: int,
+              shape: tuple[int, int], budget: int = 0, own_end: int | None = None,
+              keep: tuple[int, ...] = ()) -> Started:
+        """Plan the chunk of ``reach`` batches from ``(pos, tok)``, stage its packets into
+        ``slot`` and queue their verdicts (no wait). ``keep``: shards a chunk in flight still
+        reads, which staging must not evict (``TooManyShards`` if it would have to)."""
+        plan = self.plan
+        self.engine.acquire(slot)
+        q = plan.chunk_end(share, pos, tok, reach, shape, budget)
+        final = own_end is not None and q <= own_end
+        if final:
+            q = own_end
+        # a RankOrder's windows know their shards: the stage need not search for them
+        take = getattr(share, "with_shards", None)
+        packets, shard_ids = take(pos, q) if take is not None else (share[pos:q], None)
+        tables = getattr(share, "tables", None)  # a RankOrder's own entries, if held
+        if tables is not None and self.stager.checks_headers:
+            # a GPU's stage reads these shards' indexes whole as it copies them: check
+            # them first and hold them for it (a lie rescanned or refused)
+            plan.corpus.settle(packets)
+        entries = tables.entries(pos, q) if tables is not None else None
+        ex = None
+        if units.active(plan.corpus, plan.mode):  # each place's document: its packet and
+            # the later pieces after it
+            ex = units.expand(plan.corpus, packets, shard_ids, entries)
+            packets, shard_ids, entries = ex.packets, ex.shard_ids, ex.entries
+        staged = self.stager.stage(packets, slot, entries, shard_ids, keep=keep)
+        self.engine.submit_verdicts(staged, slot, self.vocab)
+        return Started(slot, pos, tok, q, final, reach, shape, budget, own_end, packets,
+                       entries, staged, ex)
+
+    def lay_out(self, st: Started, share: np.ndarray, counted_upto: int, most: int) -> Layout:
+        """Wait for ``st``'s verdicts and lay out its batches (at most ``most``)."""
+        verdicts = self.engine.read_verdicts(st.slot, st.staged.n)
+        if not self.stager.checks_headers:  # an index matched by size alone: refuse a
+            # lie, from the bytes staged on the host (a GPU's stage checks as it copies);
+            # every entry passed its index's first-use check (``LazyIndex.read_at``)
+            self.plan.corpus.check_headers(st.packets, st.staged.data, st.staged.offsets,
+                                           st.entries)
+        return self._layout(verdicts, share, st.pos, st.tok, counted_upto, most,
+                            st.q >= share.shape[0], st.final, st.shape, st.budget, st.ex)
+
+    def drop(self, st: Started) -> None:
+        """A chunk staged ahead that is not decoded: its shards' slots may be reused once its
+        verdict kernel ran."""
+        self.stager.after(st.staged, self.engine)
 
     def _layout(self, verdicts: np.ndarray, share: np.ndarray, pos: int, tok: int,
                 counted_upto: int, batches: int, share_ends: bool, final: bool,

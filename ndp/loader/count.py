@@ -136,6 +136,14 @@ class Count:
         """Wait for the pass to be done (the padded cut too)."""
         self._wait(lambda: self.final, stop)
 
+    def peek(self) -> tuple[int, bool]:
+        """``bound``'s answer as it stands, never waiting: ``(the count, True)`` if it is
+        known, else ``(the bound so far, False)``."""
+        with self._cond:
+            if self._batches is not None:
+                return int(self._batches), True
+            return self._bound, False
+
     def bound(self, done: int, stop: Any = None) -> tuple[int, bool]:
         """A number of batches above ``done`` that every rank delivers, or the count if it is
         not above it: ``(batches, exact)``. Waits for the pass only while its bound is not

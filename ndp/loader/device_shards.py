@@ -143,21 +143,25 @@ class DeviceShards:
 
     # ----------------------------------------------------------------------------- staging
     def stage(self, packets: np.ndarray, slot: Slot, entries: np.ndarray | None = None,
-              shard_ids: np.ndarray | None = None) -> Staged:
+              shard_ids: np.ndarray | None = None, keep: tuple[int, ...] = ()) -> Staged:
         """The chunk's shards on the device and its packets' offsets and limits there (one
         copy of both); ``TooManyShards`` if they cannot all be held at once. ``entries``: the
         packets' index entries, if the caller holds them; ``shard_ids``: their shard numbers,
-        if the caller knows them."""
+        if the caller knows them; ``keep``: shards a chunk in flight still reads (its build is
+        not queued yet), which must stay where they are (``ndp.loader.ahead``)."""
         corpus, engine = self.corpus, self.engine
         n = packets.shape[0]
         if shard_ids is None:
             shard_ids = corpus.shard_of(packets)
         needed = distinct(shard_ids).tolist()
-        if len(needed) > self.holds.shape[0]:
+        protect = set(needed) | (set() if self.resident else set(keep))
+        if len(protect) > self.holds.shape[0]:
             raise TooManyShards(
-                f"a chunk needs {len(needed)} shards on the device at once, the arena holds "
-                f"{self.holds.shape[0]}: pass a larger device_budget or fewer chunk_batches")
-        self._protect = set(needed)
+                f"a chunk needs {len(needed)} shards on the device at once"
+                + (f" beside the {len(keep)} of the chunk in flight" if keep else "")
+                + f", the arena holds {self.holds.shape[0]}: pass a larger device_budget or "
+                "fewer chunk_batches")
+        self._protect = protect
         for s in needed:
             self._ensure(s)
         base = self.slot_base[self.slot_of[shard_ids]]

@@ -14,7 +14,8 @@ import threading
 from typing import Any
 
 from ndp.loader import units
-from ndp.loader.chunks import ChunkDecoder
+from ndp.loader.ahead import Ahead, Next, guess_end, plan_chunk
+from ndp.loader.chunks import ChunkDecoder, Started
 from ndp.errors import DataError
 from ndp.loader.plan import Plan
 from ndp.loader.serve import Ring
@@ -41,6 +42,54 @@ class Producer:
         self._size = 1  # batches in the next chunk
         #: builds the next window's entry table ahead (``ndp.loader.warm``)
         self.warmer = Warmer()
+        self._ahead: Ahead | None = None  # the next chunk, staged ahead (``ndp.loader.ahead``)
+        self.overlap = False
+        self.set_overlap(chunks.engine.has_streams)
+
+    def set_overlap(self, on: bool) -> None:
+        """Stage each chunk ahead of the one before's layout (``ndp.loader.ahead``): on where
+        the engine queues work on streams (a GPU), where it buys device time; tests turn it on
+        for the CPU backend too, where it changes the order of host work only."""
+        self.overlap = on
+        if hasattr(self.chunks.stager, "per_slot"):
+            self.chunks.stager.per_slot = on
+
+    def _stage_ahead(self, st: Started, sh: Any, shapes: Any, cur: Next, stop: Any
+                     ) -> Ahead | None:
+        """Chunk ``st`` (planned as ``cur``) has its verdicts queued: stage the chunk after
+        it where the index says it starts, if it is known without waiting and a ring slot is
+        free (``ndp.loader.ahead``)."""
+        share = sh.packets
+        guess = guess_end(self.plan, share, st, cur.size)
+        if guess is None or guess[0] >= share.shape[0]:
+            return None
+        grow = min(2 * cur.grow, self.chunks.per_chunk(*cur.shape))
+        nxt = plan_chunk(self.plan.mode, sh, shapes, guess[0], guess[1], cur.done + cur.size,
+                         grow, stop.is_set, wait=False)
+        if nxt is None:
+            return None
+        slot = self.ring.try_acquire()
+        if slot is None:
+            return None
+        self.warmer.current(share, nxt.pos)
+        try:
+            started = self.chunks.start(slot, share, nxt.pos, nxt.tok, nxt.size, nxt.shape,
+                                        nxt.budget, nxt.own_end, keep=st.staged.shards)
+        except Exception:  # noqa: BLE001 - no room beside the chunk in flight, or an error
+            # that staging it in its turn raises, after this chunk is delivered
+            self.ring.give_back(slot)
+            return None
+        self.chunks.engine.counters.staged_ahead += 1
+        return Ahead(nxt, started, st)
+
+    def _drop(self, ahead: Ahead | None = None) -> None:
+        """Let go of a chunk staged ahead that is not decoded (``ahead``, or the one held)."""
+        if ahead is None:
+            ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self.chunks.drop(ahead.started)
+            self.ring.give_back(ahead.started.slot)
+            self.chunks.engine.counters.ahead_dropped += 1
 
     def run(self, state: dict, out: queue.Queue, stop: threading.Event) -> None:
         """Put ``("chunk", epoch, Chunk)`` and, at each epoch's end, ``(EPOCH_END, next
@@ -69,24 +118,8 @@ class Producer:
                     return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             put(Failure(exc))
-
-    def _next_size(self, count: Any, done: int, stop: Any) -> tuple[int, bool] | None:
-        """Batches of the next chunk, and whether it ends the epoch (``None``: the epoch is
-        delivered). Below the count, or the bound every rank delivers while it is being made
-        (``ndp.loader.count``; a stopped producer abandons the wait): a chunk stops a batch
-        short of a bound, so that no chunk ends the epoch before the count says it does (the
-        batches and what is counted do not depend on how far the count had got)."""
-        want = done
-        while True:
-            cap, exact = count.bound(want, stop)
-            if done >= cap:
-                return None
-            size = min(self._size, cap - done)
-            if exact or size < cap - done:
-                return size, exact and size == cap - done
-            if size > 1:
-                return size - 1, False
-            want = cap  # one batch below the bound: wait for a bound past it, or the count
+        finally:
+            self._drop()  # a chunk staged ahead when the producer stopped
 
     def _epoch(self, state: dict, put: Any, stop: threading.Event) -> tuple | None:
         """The chunks of the rest of ``state``'s epoch; returns the epoch's end item (None if
@@ -105,30 +138,34 @@ class Producer:
         documents = units.active(plan.corpus, plan.mode)  # places hold whole documents
         end: dict = {}
         plan.corpus.will_read(share, pos, end=sh.length)  # remote shards: fetched in this order
+        self._drop()
         while pos < n:
-            shape = shapes.at(done)
-            if done and not shapes.constant and shape != shapes.at(done - 1):
-                # a new shape: its chunks start small again (1, 2, 4, ...), as an epoch's do,
-                # so that the chunk cut short before the change is not followed by a whole
-                # chunk's decode, which a consumer would wait for
-                self._size = 1
-            step = self._next_size(sh.count, done, stop.is_set)
-            if step is None:
-                break
-            size, last = step
-            change = shapes.phase_end(done)  # a chunk holds one shape: it ends before a change
-            if change is not None and done + size > change:
-                size, last = change - done, False
-            slot = self.ring.acquire(stop)
-            if slot is None:
-                return None
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and (ahead.next.pos, ahead.next.tok, ahead.next.done) == (
+                    pos, tok, done):  # staged ahead, where the chunk before ended
+                nxt, slot, started = ahead.next, ahead.started.slot, ahead.started
+            else:
+                self._drop(ahead)
+                nxt = plan_chunk(plan.mode, sh, shapes, pos, tok, done, self._size, stop.is_set)
+                if nxt is None:
+                    break
+                slot, started = self.ring.acquire(stop), None
+                if slot is None:
+                    return None
+            self._size = nxt.grow
+            size, last, shape = nxt.size, nxt.last, nxt.shape
             plan.corpus.advance(pos)
             self.warmer.current(share, pos)  # its window's entry table, if nothing builds it
-            # packed: the chunk that makes the epoch's last batch reads to the share's end when
-            # that is all it needs, so that the leftover packets are decoded and counted
-            own_end = sh.length if plan.mode == "packed" and last else None
-            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size, own_end, shape,
-                                       shapes.budget_at(done))
+
+            def then(st: Started, nxt: Next = nxt) -> bool:  # the next chunk, staged ahead
+                self._ahead = self._stage_ahead(st, sh, shapes, nxt, stop)
+                return self._ahead is not None
+
+            chunk = self.chunks.decode(slot, share, pos, tok, counted_upto, size, nxt.own_end,
+                                       shape, nxt.budget, started=started,
+                                       then=then if self.overlap else None)
+            if self._ahead is not None and self._ahead.after is not chunk.started:
+                self._drop()  # staged after an attempt that was laid out again, larger
             self._size = min(2 * self._size, self.chunks.per_chunk(*shape))
             layout = chunk.layout
             for batch in layout.batches:
@@ -156,6 +193,7 @@ class Producer:
                 break
             if not layout.batches:
                 break
+        self._drop()  # a chunk staged ahead of the epoch's last
         tables = getattr(share, "tables", None)
         if tables is not None:  # read: its entry tables go (the plan keeps the share)
             tables.clear()

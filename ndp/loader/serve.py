@@ -124,6 +124,18 @@ class Ring:
             return slot
         return None
 
+    def try_acquire(self) -> Slot | None:
+        """A free slot now, or ``None`` (never waits): for a chunk staged ahead
+        (``ndp.loader.ahead``), which is not worth waiting for."""
+        try:
+            slot = self._free.get_nowait()
+        except queue.Empty:
+            return None
+        lease = self._leases.pop(slot.index, None)
+        if lease is not None and lease() is not None:
+            self._leave_to_consumer(slot)
+        return slot
+
     def give_back(self, slot: Slot) -> None:
         """A slot the producer took but did not fill with batches."""
         self._free.put(slot)

@@ -35,6 +35,9 @@ class HostStager:
     def __init__(self, corpus: Corpus, *, resident: bool = False) -> None:
         self.corpus = corpus
         self._buffer = np.empty(0, np.uint8)
+        self._buffers: dict[int, np.ndarray] = {}  # by slot (``per_slot``), else one, key 0
+        #: a buffer per ring slot, so that staging a chunk ahead leaves the one in flight
+        self.per_slot = False
         self._whole: np.ndarray | None = None
         if resident:
             sizes = np.array([s.size for s in corpus.shards], np.int64)
@@ -45,10 +48,12 @@ class HostStager:
                                   self._base[s:s + 1])
 
     def stage(self, packets: np.ndarray, slot: Slot, entries: np.ndarray | None = None,
-              shard_ids: np.ndarray | None = None) -> Staged:
+              shard_ids: np.ndarray | None = None, keep: tuple[int, ...] = ()) -> Staged:
         """The chunk's packets read into the host buffer (``entries``: their index entries,
         if the caller holds them; else gathered from the indexes; ``shard_ids``: their shard
-        numbers, if the caller knows them)."""
+        numbers, if the caller knows them). The buffer is the slot's own once ``per_slot``
+        is set (two chunks in flight, ``ndp.loader.ahead``), else one for all; ``keep``
+        (shards a chunk in flight reads) changes nothing on the host."""
         corpus = self.corpus
         n = packets.shape[0]
         if shard_ids is None:
@@ -62,8 +67,10 @@ class HostStager:
         sizes = entries["length"].astype(np.int64) + FRAME_BYTES
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(starts[-1])
-        if self._buffer.shape[0] < total:
-            self._buffer = np.empty(max(total, 2 * self._buffer.shape[0]), np.uint8)
+        key = slot.index if self.per_slot else 0
+        buffer = self._buffers.get(key, self._buffer)
+        if buffer.shape[0] < total:
+            buffer = self._buffers[key] = np.empty(max(total, 2 * buffer.shape[0]), np.uint8)
         # runs of packets back to back in one file are one read each
         follows = (shard_ids[1:] == shard_ids[:-1]) & (offsets[1:] == offsets[:-1] + sizes[:-1])
         first = np.flatnonzero(np.concatenate([[True], ~follows]))
@@ -72,9 +79,8 @@ class HostStager:
         for s in np.unique(run_shard).tolist():
             mine = run_shard == s
             a, b = first[mine], last[mine]
-            corpus.shards[s].read_ranges(offsets[a], starts[b] - starts[a], self._buffer,
-                                         starts[a])
-        return Staged(self._buffer[:max(total, 1)], starts[:-1], starts[1:], n)
+            corpus.shards[s].read_ranges(offsets[a], starts[b] - starts[a], buffer, starts[a])
+        return Staged(buffer[:max(total, 1)], starts[:-1], starts[1:], n)
 
     def after(self, staged: Staged, engine: Any) -> None:
         """Nothing to record: CPU work is done when it returns."""

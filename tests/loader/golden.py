@@ -73,8 +73,11 @@ def _digest_batches(loader, into: "hashlib._Hash", states: "hashlib._Hash") -> i
     return n
 
 
-def run(datasets: dict[str, Path], mode: str, name: str, backend: str) -> dict:
-    """One configuration's digests: batches, states, stats, and the number of batches."""
+def run(datasets: dict[str, Path], mode: str, name: str, backend: str,
+        overlap: bool | None = None) -> dict:
+    """One configuration's digests: batches, states, stats, and the number of batches.
+    ``overlap``: stage each chunk ahead of the one before's layout (``ndp.loader.ahead``), or
+    not; by default as the backend does."""
     import ndp
 
     kw = dict(mode=mode, seed=7, crc_drop_rate=0.1, backend=backend, output="arrays",
@@ -97,6 +100,8 @@ def run(datasets: dict[str, Path], mode: str, name: str, backend: str) -> dict:
     else:
         rank = int(name[4])
         loader = ndp.Loader(datasets["main"], rank=rank, world_size=2, **kw)
+    if overlap is not None:
+        loader._producer.set_overlap(overlap)
     with loader, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # padded rows cut at seq_len: counted
         n = _digest_batches(loader, batches, states)

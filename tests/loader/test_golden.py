@@ -27,11 +27,14 @@ def test_the_digests_cover_every_configuration():
     assert all(v["batches"] > 10 for v in WANT.values())
 
 
+@pytest.mark.parametrize("overlap", [None, True], ids=["default", "ahead"])
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
 @pytest.mark.parametrize("mode", golden.MODES)
-def test_batches_states_and_stats_are_the_written_ones(datasets, backend, mode):
+def test_batches_states_and_stats_are_the_written_ones(datasets, backend, mode, overlap):
+    """``ahead``: each chunk staged before the one ahead of it is laid out, as on a GPU
+    (``ndp.loader.ahead``; by default the CPU and the simulator stage one at a time)."""
     for name in golden.RUNS:
-        got = golden.run(datasets, mode, name, backend)
+        got = golden.run(datasets, mode, name, backend, overlap)
         assert got == WANT[f"{mode}/{name}"], (
             f"{mode}/{name} on {backend} moved: if that was meant, write the digests anew "
             f"(python tests/loader/golden.py --write) and say why in the commit")
