@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -172,6 +173,18 @@ def renamed(**old_to_new: str) -> Callable[[F], F]:
 
 #: the code of every wrapper ``renamed`` makes (its closures share one code object)
 _WRAPPER_CODE = renamed(old="new")(lambda new: new).__code__
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_level() -> int:
+    """``stacklevel`` for a ``warnings.warn`` in the calling function that names the first
+    frame outside ndp (the user's line), however deep in ndp the warning is raised."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def past_aliases(level: int) -> int:

@@ -135,7 +135,7 @@ class ChunkDecoder:
                 self.stager.prefetch(share[st.q: plan.chunk_end(share, st.q, 0, 1, shape,
                                                                 budget)])
             layout = self.lay_out(st, share, counted_upto, most)
-            if layout.batches or layout.end is not None or st.q >= n:
+            if layout.n or layout.end is not None or st.q >= n:
                 break
             reach *= 2  # dropped packets held too few tokens: take more of them (as many
             # batches still: the epoch's last chunk must not make more than it was asked)
@@ -143,7 +143,7 @@ class ChunkDecoder:
         self.stager.after(st.staged, self.engine)
         self.engine.finish(slot)
         self.engine.counters.chunks += 1
-        self.engine.counters.batches += len(layout.batches)
+        self.engine.counters.batches += layout.n
         return Chunk(slot, layout, st)
 
     def start(self, slot: Slot, share: np.ndarray, pos: int, tok: int, reach: int,

@@ -21,6 +21,12 @@ Each layout is the one the Loader has always delivered, batch for batch (see ``n
   at the first that does not fit.
 
 Every packet is counted once, by the batch that reaches it (or at the epoch's end).
+
+A layout is arrays, one row per batch (``Layout``): each output's row offsets, the state after
+each batch, what each batch counted (``counts``, columns ``COUNTS`` then one per drop reason)
+and the share positions it counted; no Python object per batch, so a chunk of 64 batches costs
+a few NumPy calls. The consumer reads a batch's state and counts from them only when asked
+(``ndp.loader.taken``).
 """
 
 from __future__ import annotations
@@ -32,38 +38,76 @@ from typing import Any
 import numpy as np
 
 from ndp.loader.packing import plan as place, segments
-from ndp.kernels.verdict import count, count_segments, tokens_of
+from ndp.kernels.verdict import count, status_of, tokens_of
+from ndp.wire.format import DropReason
+
+#: the first columns of ``Layout.counts``: what each batch counted (``LoaderStats`` fields)
+COUNTS = ("packets", "valid", "tokens", "truncated_tokens", "empty_batches", "repeated",
+          "dropped_on_purpose")
+PACKETS, VALID, TOKENS, TRUNCATED, EMPTY, REPEATED, ON_PURPOSE = range(len(COUNTS))
+#: then one column per drop reason (``stats.corrupt``'s names), from code 1 on
+REASONS = tuple(DropReason(c).name for c in range(1, len(DropReason)))
+N_COUNTS = len(COUNTS) + len(REASONS)
+_N_CODES = len(DropReason)
 
 
-
-@dataclass
-class Batch:
-    """One batch of a chunk: the rows (start, stop) it takes of each of the chunk's output
-    arrays, the loader state after it, and what it counted (``LoaderStats.add``)."""
-
-    rows: dict[str, tuple[int, int]]
-    state: dict[str, int]
-    counted: dict[str, Any]
+def count_rows(verdicts: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Packets, valid ones and drops by reason of each segment
+    ``verdicts[bounds[i]:bounds[i + 1]]`` (ascending ``bounds``), as rows of ``N_COUNTS``
+    columns (the others 0)."""
+    n_seg = max(bounds.shape[0] - 1, 0)
+    out = np.zeros((n_seg, N_COUNTS), np.int64)
+    if not n_seg:
+        return out
+    a, b = int(bounds[0]), int(bounds[-1])
+    sizes = np.diff(bounds)
+    out[:, PACKETS] = sizes
+    if b == a or int(verdicts[a:b].min()) >= 0:  # nothing dropped (the usual chunk)
+        out[:, VALID] = sizes
+        return out
+    seg = np.repeat(np.arange(n_seg), sizes)
+    codes = np.bincount(seg * _N_CODES + status_of(verdicts[a:b]),
+                        minlength=n_seg * _N_CODES).reshape(n_seg, _N_CODES)
+    out[:, VALID] = codes[:, DropReason.OK]
+    out[:, len(COUNTS):] = codes[:, 1:]
+    return out
 
 
 @dataclass
 class Layout:
-    """A chunk's batches and what the build kernels need for them.
+    """A chunk's batches, as arrays (one row per batch), and what the build kernels need.
 
-    ``packets_used``: how many of the chunk's packets its batches took (the next chunk starts
-    there, or, in packed mode, where ``batches[-1].state`` says). ``end`` is set when the
-    share ended inside this chunk: what the epoch's end counted."""
+    ``rows[name]``: the ``n + 1`` row offsets of output ``name`` (batch ``i`` takes rows
+    ``rows[name][i]:rows[name][i + 1]``); ``pos``, ``tok``: the state after each batch;
+    ``counts``: what each batch counted (``COUNTS``, then ``REASONS``); ``ranges``: the share
+    positions each batch counted, ``[a, b)``; ``extra``: what a batch counted beyond the
+    columns (a mix's packets per source), by batch; ``first``: the epoch's batches before the
+    chunk's first (the producer sets it). ``packets_used``: how many of the chunk's packets its
+    batches took (the next chunk starts there, or, in packed mode, where the last state says).
+    ``end`` is set when the share ended inside this chunk: what the epoch's end counted."""
 
-    batches: list[Batch]
+    n: int
+    rows: dict[str, np.ndarray]
+    pos: np.ndarray
+    tok: np.ndarray
+    counts: np.ndarray
+    ranges: np.ndarray
     build: dict[str, Any] = field(default_factory=dict)
     packets_used: int = 0
     end: dict[str, Any] | None = None
+    first: int = 0
+    extra: dict[int, dict] = field(default_factory=dict)
+
+    def state(self, i: int) -> dict[str, int]:
+        """The loader state after batch ``i`` (less its epoch)."""
+        return {"pos": int(self.pos[i]), "tok": int(self.tok[i]), "batch": self.first + i + 1}
 
 
-def _sums(values: np.ndarray, bounds: np.ndarray) -> list[int]:
-    """The sum of ``values`` over each segment between consecutive ``bounds``."""
-    cum = np.concatenate([[0], np.cumsum(values)])
-    return np.diff(cum[bounds]).tolist()
+def _layout(n: int, rows: dict[str, np.ndarray], pos: np.ndarray, tok: np.ndarray,
+            counts: np.ndarray, bounds: np.ndarray, at: int, **kw: Any) -> Layout:
+    ranges = np.empty((n, 2), np.int64)
+    ranges[:, 0], ranges[:, 1] = at + bounds[:-1], at + bounds[1:]
+    return Layout(n, rows, pos.astype(np.int64), tok.astype(np.int64), counts, ranges, **kw)
 
 
 def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: int,
@@ -76,24 +120,19 @@ def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: i
     valid = verdicts >= 0
     row_packet = np.flatnonzero(valid).astype(np.int64)
     bounds = (np.append(np.arange(0, n, batch_size), n) if ends is None
-              else np.concatenate([[0], ends]).astype(np.int64))
-    rows_before = np.concatenate([[0], np.cumsum(valid)])[bounds].tolist()
+              else np.concatenate([[0], ends])).astype(np.int64)
+    nb = bounds.shape[0] - 1
+    rows = np.concatenate([[0], np.cumsum(valid)]).astype(np.int64)[bounds]
     tokens = tokens_of(verdicts)
-    kept = _sums(np.minimum(tokens, max_len), bounds)
-    total = _sums(tokens, bounds)
-    batches = []
-    edges = bounds.tolist()  # Python ints: indexing the array per batch costs more
-    for j, counted in enumerate(count_segments(verdicts, bounds)):
-        a, b = edges[j], edges[j + 1]
-        counted["tokens"] = kept[j]
-        counted["truncated_tokens"] = total[j] - kept[j]
-        counted["_range"] = (pos + a, pos + b)
-        rows = (rows_before[j], rows_before[j + 1])
-        if rows[0] == rows[1]:  # every packet dropped: a batch of no row (counted, warned)
-            counted["empty_batches"] = 1
-        batches.append(Batch({"input_ids": rows, "labels": rows, "attention_mask": rows},
-                             {"pos": pos + b, "tok": 0}, counted))
-    return Layout(batches, {"row_packet": row_packet}, packets_used=n)
+    total = np.diff(np.concatenate([[0], np.cumsum(tokens)])[bounds])
+    kept = np.diff(np.concatenate([[0], np.cumsum(np.minimum(tokens, max_len))])[bounds])
+    counts = count_rows(verdicts, bounds)
+    counts[:, TOKENS] = kept
+    counts[:, TRUNCATED] = total - kept
+    counts[:, EMPTY] = rows[1:] == rows[:-1]  # every packet dropped: a batch of no row
+    return _layout(nb, {"input_ids": rows, "labels": rows, "attention_mask": rows},
+                   pos + bounds[1:], np.zeros(nb, np.int64), counts, bounds, pos,
+                   build={"row_packet": row_packet}, packets_used=n)
 
 
 def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: int, tok: int,
@@ -115,33 +154,28 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
     run = np.cumsum(tokens)  # stream position after each packet
     starts = run - tokens  # stream position of each packet's first token
     total = int(run[-1]) if run.shape[0] else 0
-    n_batches = max(0, min(max_batches, (total - tok - 1) // per_batch))
+    nb = max(0, min(max_batches, (total - tok - 1) // per_batch))
     rows = np.flatnonzero(verdicts >= 0).astype(np.int64)
     cum = np.concatenate([[0], np.cumsum(tokens[rows])]).astype(np.int64)
-    ends = tok + np.arange(1, n_batches + 1, dtype=np.int64) * per_batch  # next batch's start
+    ends = tok + np.arange(1, nb + 1, dtype=np.int64) * per_batch  # next batch's start
     # the packets each batch reaches: those starting before one past the last token it reads
     reached = np.maximum.accumulate(np.maximum(
         np.searchsorted(starts, ends + 1, side="left"), counted_from))
     if units is not None:  # to the end of the place (document) reached
         reached = units[np.searchsorted(units, reached, side="left")]
-    bounds = np.concatenate([[counted_from], reached])
-    skips = np.searchsorted(run, ends, side="right").tolist()  # packets wholly before it
-    run_list = run.tolist()
-    batches = []
-    for i, counted in enumerate(count_segments(verdicts, bounds)):
-        counted["tokens"] = per_batch
-        counted["_range"] = (pos + int(bounds[i]), pos + int(bounds[i + 1]))
-        skip = skips[i]
-        state = {"pos": pos + skip, "tok": int(ends[i]) - (run_list[skip - 1] if skip else 0)}
-        batches.append(Batch({"x": (i * batch_size, (i + 1) * batch_size),
-                              "y": (i * batch_size, (i + 1) * batch_size)}, state, counted))
+    bounds = np.concatenate([[counted_from], reached]).astype(np.int64)
+    skips = np.searchsorted(run, ends, side="right")  # packets wholly before the next batch
+    before = np.where(skips > 0, run[np.maximum(skips - 1, 0)], 0) if nb else skips
+    counts = count_rows(verdicts, bounds)
+    counts[:, TOKENS] = per_batch
+    windows = np.arange(nb + 1, dtype=np.int64) * batch_size
     first = int(bounds[-1])
-    layout = Layout(batches, {"rows": rows, "cum": cum, "start": tok,
-                              "windows": n_batches * batch_size},
-                    packets_used=first)
-    if (share_ends and n_batches < max_batches) or (final and n_batches == max_batches):
+    layout = _layout(nb, {"x": windows, "y": windows}, pos + skips, ends - before, counts,
+                     bounds, pos, build={"rows": rows, "cum": cum, "start": tok,
+                                         "windows": nb * batch_size}, packets_used=first)
+    if (share_ends and nb < max_batches) or (final and nb == max_batches):
         end = count(verdicts[first:])
-        end["unused_tokens"] = max(total - tok - n_batches * per_batch, 0)
+        end["unused_tokens"] = max(total - tok - nb * per_batch, 0)
         end["_range"] = (pos + first, pos + verdicts.shape[0])
         layout.end = end
         layout.packets_used = verdicts.shape[0]
@@ -166,11 +200,9 @@ def packing_layout(verdicts: np.ndarray, candidates: Callable[[int], int], *, ba
     n = verdicts.shape[0]
     tokens = tokens_of(verdicts)
     doc_packet, doc_row, doc_col, doc_len, cu_parts = [], [], [], [], []
-    batches: list[Batch] = []
+    bounds, rows, cus, kept, cut = [0], [0], [0], [], []
     at = 0  # chunk packet where the next batch starts
-    cu_at = 0
-    row_at = 0  # the chunk's output row where the next batch's rows start
-    while at < n and len(batches) < max_batches:
+    while at < n and len(kept) < max_batches:
         q = candidates(at)
         if q > n and not share_ends:
             break  # this batch's candidates are not all in the chunk: the next chunk has it
@@ -180,33 +212,37 @@ def packing_layout(verdicts: np.ndarray, candidates: Callable[[int], int], *, ba
         # a budget's candidates all fit it: as many rows as they fill (one at least)
         where_row, where_col, placed = place(lengths, rows=lengths.shape[0] + 1 if budget
                                              else B, row_len=L)
-        rows = B if not budget else (int(where_row[-1]) + 1 if placed else 1)
+        n_rows = B if not budget else (int(where_row[-1]) + 1 if placed else 1)
         taken = int(valid[placed]) if placed < valid.shape[0] else q - at
         doc_packet.append(at + valid[:placed])
-        doc_row.append(row_at + where_row)
+        doc_row.append(rows[-1] + where_row)
         doc_col.append(where_col)
         doc_len.append(lengths[:placed])
-        cu = segments(lengths[:placed], where_row, rows=rows, row_len=L)
+        cu = segments(lengths[:placed], where_row, rows=n_rows, row_len=L)
         cu_parts.append(cu)
-        counted = count(verdicts[at: at + taken])
-        counted["tokens"] = int(lengths[:placed].sum())
-        counted["truncated_tokens"] = int(np.maximum(tokens[at:q][valid[:placed]] - L, 0).sum())
-        counted["_range"] = (pos + at, pos + at + taken)
+        kept.append(int(lengths[:placed].sum()))
+        cut.append(int(np.maximum(tokens[at:q][valid[:placed]] - L, 0).sum()))
         at += taken
-        batches.append(Batch({name: (row_at, row_at + rows) for name in
-                              ("input_ids", "labels", "attention_mask", "position_ids")}
-                             | {"cu_seqlens": (cu_at, cu_at + cu.shape[0])},
-                             {"pos": pos + at, "tok": 0}, counted))
-        cu_at += cu.shape[0]
-        row_at += rows
-    rows_total = row_at
+        bounds.append(at)
+        rows.append(rows[-1] + n_rows)
+        cus.append(cus[-1] + cu.shape[0])
+    nb = len(kept)
+    edges = np.array(bounds, np.int64)
+    counts = count_rows(verdicts, edges)
+    counts[:, TOKENS] = kept
+    counts[:, TRUNCATED] = cut
+    row_offsets = np.array(rows, np.int64)
     doc_row_all = _cat(doc_row)
-    row_docs = np.searchsorted(doc_row_all, np.arange(rows_total + 1), side="left")
+    row_docs = np.searchsorted(doc_row_all, np.arange(rows[-1] + 1), side="left")
     build = {"doc_packet": _cat(doc_packet), "doc_col": _cat(doc_col), "doc_len": _cat(doc_len),
-             "row_docs": row_docs.astype(np.int64), "rows": rows_total,
+             "row_docs": row_docs.astype(np.int64), "rows": rows[-1],
              "cu_seqlens": np.concatenate(cu_parts).astype(np.int32) if cu_parts
              else np.zeros(0, np.int32)}
-    return Layout(batches, build, packets_used=at)
+    return _layout(nb, {name: row_offsets for name in
+                        ("input_ids", "labels", "attention_mask", "position_ids")}
+                   | {"cu_seqlens": np.array(cus, np.int64)},
+                   pos + edges[1:], np.zeros(nb, np.int64), counts, edges, pos, build=build,
+                   packets_used=at)
 
 
 def _cat(parts: list[np.ndarray]) -> np.ndarray:

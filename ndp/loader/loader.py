@@ -118,6 +118,7 @@ from ndp.loader.resume import resume
 from ndp.loader.state import seal
 from ndp.loader.steps import StepViews
 from ndp.loader.stats import LoaderStats
+from ndp.loader.taken import Taken, TakenViews
 from ndp.loader.truncation import CutReport
 
 #: 2: with the dataset's fingerprint; 3: with the batch number in the epoch; 4: with the order;
@@ -125,7 +126,7 @@ from ndp.loader.truncation import CutReport
 STATE_VERSION = 5
 
 
-class Loader(StepViews):
+class Loader(TakenViews, StepViews):
     """Batches from NDP shards; see the module docstring for modes, order and validity."""
 
     def __init__(
@@ -233,12 +234,11 @@ class Loader(StepViews):
         #: batches per chunk (of the first batch shape, with a schedule)
         self.chunk_batches = decoder.chunk_batches
         self._producer = Producer(self.plan, decoder, self._ring)
-        self._state = {"epoch": 0, "pos": 0, "tok": 0, "batch": 0}
-        self.stats = LoaderStats(
-            corrupt_regions=len(self.corpus.corruption),
-            corrupt_bytes=sum(c.length for _, c in self.corpus.corruption),
-        )
-        self._cut = CutReport(self.plan, self.stats)  # padded rows cut: counted, warned
+        stats = LoaderStats(corrupt_regions=len(self.corpus.corruption),
+                            corrupt_bytes=sum(c.length for _, c in self.corpus.corruption))
+        #: the state and stats of what the consumer took, kept lazily (``ndp.loader.taken``)
+        self._taken = Taken({"epoch": 0, "pos": 0, "tok": 0, "batch": 0}, stats)
+        self._cut = CutReport(self.plan, stats)  # padded rows cut: counted, warned
         self._running = ProducerThread(self._producer, self._ring, self.plan, prefetch)
         self._lock = threading.Lock()
         self._active: object | None = None  # the loop iterating, one at a time
@@ -320,6 +320,7 @@ class Loader(StepViews):
                            initial=self._state["batch"], desc=f"ndp epoch {self.epoch}",
                            enabled=self.progress, unit="batch")
         finished = False
+        taken, limited = self._taken, self.plan.max_steps is not None
         try:
             with bar:
                 while True:
@@ -329,12 +330,12 @@ class Loader(StepViews):
                             "start a new loop to go on from where it stopped")
                     t = time.perf_counter()
                     item = self._get()
-                    self.stats.wait_seconds += time.perf_counter() - t
+                    taken.settle().wait_seconds += time.perf_counter() - t
                     if item[0] is EPOCH_END:
                         self._cut.end()
                         ended = self.epoch
                         _, self._state, counted = item
-                        self.stats.add(counted)
+                        taken.settle().add(counted)
                         finished = True
                         if self.plan.epoch_batches(ended) == 0:
                             b, t = self.plan.shapes_of(ended).at(0)
@@ -346,16 +347,16 @@ class Loader(StepViews):
                                 share=self.plan.share(ended).length)
                         return
                     _, epoch, chunk = item
-                    for batch, laid in self._ring.serve(chunk.slot, chunk.layout.batches):
-                        if self.plan.ended(self.step):  # the run's end (max_steps)
+                    taken.begin(epoch, chunk.layout)
+                    self._cut.poll()
+                    for batch in self._ring.serve(chunk.slot, chunk.layout):
+                        if limited and self.plan.ended(self.step):  # the run's end
                             return
-                        self._state = {"epoch": epoch, **laid.state}
-                        self.stats.add(laid.counted)
-                        self.stats.batches += 1
-                        self._cut.poll()
-                        if self.progress and not sized and self.plan.counted(epoch):
-                            sized, bar.total = True, len(self)
-                        bar.update(1)
+                        taken.n += 1  # the state and stats follow from it when read
+                        if self.progress:
+                            if not sized and self.plan.counted(epoch):
+                                sized, bar.total = True, len(self)
+                            bar.update(1)
                         yield batch
         finally:
             if self._active is token:

@@ -13,9 +13,12 @@ import queue
 import threading
 from typing import Any
 
+import numpy as np
+
 from ndp.loader import units
 from ndp.loader.ahead import Ahead, Next, guess_end, plan_chunk
 from ndp.loader.chunks import ChunkDecoder, Started
+from ndp.loader.layout import COUNTS, REPEATED, Layout
 from ndp.errors import DataError
 from ndp.loader.plan import Plan
 from ndp.loader.serve import Ring
@@ -30,6 +33,8 @@ class Failure:
 
 
 EPOCH_END = object()  # the producer's last item of an epoch
+#: ``Layout.counts``' column of each field an epoch's start leaves to its first batch
+COLUMN = {name: i for i, name in enumerate(COUNTS)}
 
 
 class Producer:
@@ -81,6 +86,26 @@ class Producer:
             return None
         self.chunks.engine.counters.staged_ahead += 1
         return Ahead(nxt, started, st)
+
+    def _count(self, layout: Layout, sh: Any, done: int, pending: dict, documents: bool
+               ) -> None:
+        """What the chunk's batches counted beyond their layout: the epoch's batches before
+        them, the share's repeat (packed: a batch past the share's own packets), packets per
+        source (mixing), and what the epoch's start left to its first batch (``pending``,
+        which replaces what that batch counted of the same)."""
+        plan, share = self.plan, sh.packets
+        layout.first = done
+        counts, ranges = layout.counts, layout.ranges
+        for i in np.flatnonzero(ranges[:, 1] > sh.length).tolist():  # past the share's own
+            a, b = max(int(ranges[i, 0]), sh.length), int(ranges[i, 1])
+            counts[i, REPEATED] = plan.place_packets(share[a:b]) if documents else b - a
+        if plan.mixes:
+            for i, (a, b) in enumerate(ranges.tolist()):
+                found = plan.sources_in(share, a, b)
+                if found is not None:
+                    layout.extra[i] = {"sources": found}
+        for key, value in pending.items():
+            counts[0, COLUMN[key]] = value
 
     def _drop(self, ahead: Ahead | None = None) -> None:
         """Let go of a chunk staged ahead that is not decoded (``ahead``, or the one held)."""
@@ -168,20 +193,13 @@ class Producer:
                 self._drop()  # staged after an attempt that was laid out again, larger
             self._size = min(2 * self._size, self.chunks.per_chunk(*shape))
             layout = chunk.layout
-            for batch in layout.batches:
-                done += 1
-                batch.state["batch"] = done
-                a, b = batch.counted["_range"]
-                if b > sh.length:  # packed: past the share's own packets, repeating it
-                    batch.counted["repeated"] = (plan.place_packets(share[max(a, sh.length):b])
-                                                 if documents else b - max(a, sh.length))
-                plan.by_source(share, batch.counted)
-            if layout.batches:
-                layout.batches[0].counted.update(pending)
+            if layout.n:
+                self._count(layout, sh, done, pending, documents)
                 pending = {}
+                done += layout.n
                 counted_upto = (pos + layout.packets_used if plan.mode == "packed"
-                                else layout.batches[-1].state["pos"])
-                pos, tok = layout.batches[-1].state["pos"], layout.batches[-1].state["tok"]
+                                else int(layout.pos[-1]))
+                pos, tok = int(layout.pos[-1]), int(layout.tok[-1])
                 self.warmer.ahead(share, pos, lambda: plan.planned(epoch + 1))
                 if not put(("chunk", epoch, chunk)):
                     return None
@@ -191,7 +209,7 @@ class Producer:
                 end = layout.end
                 plan.by_source(share, end)
                 break
-            if not layout.batches:
+            if not layout.n:
                 break
         self._drop()  # a chunk staged ahead of the epoch's last
         tables = getattr(share, "tables", None)

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from ndp.engine.cpu import CpuEngine, Slot
-from ndp.loader.layout import Batch
+from ndp.loader.layout import Layout
 
 
 class Lease:
@@ -158,7 +158,7 @@ class Ring:
                 ".clone() what you keep.", ResourceWarning, stacklevel=2)
 
     # ----------------------------------------------------------------------- consumer's side
-    def serve(self, slot: Slot, batches: list[Batch]) -> Iterator[tuple[dict, Batch]]:
+    def serve(self, slot: Slot, layout: Layout) -> Iterator[dict]:
         """The chunk's batches as dicts of views, in order. Taking the first makes the
         consumer's stream wait for the chunk and gives back the slot two chunks before it."""
         handle = self._stream_handle()
@@ -168,25 +168,28 @@ class Ring:
             old = self.held.pop(0)
             self.engine.release(old, handle)
             self._free.put(old)
-        if not batches:
+        n = layout.n
+        if not n:
             return
         views = self._views(slot)
-        names = list(batches[0].rows)
-        if self.output == "arrays" and self.engine.backend == "cuda":
-            for batch in batches:  # DeviceArray views (each orders its own DLPack consumer)
-                yield {name: views[name].rows(a, b) for name, (a, b) in batch.rows.items()}, batch
-            return
+        names = list(layout.rows)
         if self.output == "torch":  # one split per output for the whole chunk: a C++ call
-            parts = {}
+            columns = []
             for name in names:
-                start, stop = batches[0].rows[name][0], batches[-1].rows[name][1]
-                sizes = [b.rows[name][1] - b.rows[name][0] for b in batches]
-                parts[name] = views[name][start:stop].split(sizes)
-            for i, batch in enumerate(batches):
-                yield {name: parts[name][i] for name in names}, batch
+                rows = layout.rows[name]
+                columns.append(views[name][int(rows[0]):int(rows[n])].split(
+                    np.diff(rows).tolist()))
+            for row in zip(*columns):
+                yield dict(zip(names, row))
             return
-        for batch in batches:
-            yield {name: views[name][a:b] for name, (a, b) in batch.rows.items()}, batch
+        edges = {name: layout.rows[name].tolist() for name in names}
+        if self.output == "arrays" and self.engine.backend == "cuda":
+            for i in range(n):  # DeviceArray views (each orders its own DLPack consumer)
+                yield {name: views[name].rows(edges[name][i], edges[name][i + 1])
+                       for name in names}
+            return
+        for i in range(n):
+            yield {name: views[name][edges[name][i]:edges[name][i + 1]] for name in names}
 
     def _views(self, slot: Slot) -> dict:
         """The slot's outputs as the consumer takes them, wrapped for this chunk over a new

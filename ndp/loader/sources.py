@@ -195,12 +195,24 @@ class Mixing:
                                               for r in range(self.world_size))]
         return [(p, self._mixed(p, epoch, r, size)[0]) for r, p in enumerate(pools)]
 
+    @property
+    def mixes(self) -> bool:
+        """Whether sources are mixed (batches count their packets per source)."""
+        return self._mix_keys is not None
+
+    def sources_in(self, share: np.ndarray, a: int, b: int) -> dict[str, int] | None:
+        """Packets per source of share positions ``[a, b)`` (mixing only; else ``None``)."""
+        if self._mix_keys is None or b <= a:
+            return None
+        places = share[a:b]
+        n = np.bincount(self._source_key(places), minlength=len(self._mix_names),
+                        weights=self.place_sizes(places)).astype(np.int64)
+        return {name: int(k) for name, k in zip(self._mix_names, n) if k}
+
     def by_source(self, share: np.ndarray, counted: dict) -> None:
         """Turn a batch's ``_range`` of newly counted share positions into packets per source
         (mixing only)."""
         a, b = counted.pop("_range", (0, 0))
-        if self._mix_keys is not None and b > a:
-            places = share[a:b]
-            n = np.bincount(self._source_key(places), minlength=len(self._mix_names),
-                            weights=self.place_sizes(places)).astype(np.int64)
-            counted["sources"] = {name: int(k) for name, k in zip(self._mix_names, n) if k}
+        found = self.sources_in(share, a, b)
+        if found is not None:
+            counted["sources"] = found

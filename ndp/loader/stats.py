@@ -9,6 +9,13 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from ndp.errors import user_level
+
+from ndp.loader.layout import (COUNTS, EMPTY, ON_PURPOSE, PACKETS, REASONS, REPEATED, TOKENS,
+                               TRUNCATED, VALID)
+
 
 @dataclass
 class LoaderStats:
@@ -64,6 +71,28 @@ class LoaderStats:
                 for name, n in found.items():
                     mine[name] = mine.get(name, 0) + n
 
+    def add_counts(self, rows: np.ndarray) -> None:
+        """Add what consecutive batches counted: rows of ``Layout.counts`` (columns
+        ``COUNTS``, then one per drop reason), one batch each."""
+        sums = rows.sum(axis=0).tolist()
+        self.packets += sums[PACKETS]
+        self.valid += sums[VALID]
+        self.tokens += sums[TOKENS]
+        self.truncated_tokens += sums[TRUNCATED]
+        self.repeated += sums[REPEATED]
+        self.dropped_on_purpose += sums[ON_PURPOSE]
+        if any(sums[len(COUNTS):]):
+            corrupt = self.corrupt
+            for name, n in zip(REASONS, sums[len(COUNTS):]):
+                if n:
+                    corrupt[name] = corrupt.get(name, 0) + n
+        if sums[EMPTY]:
+            first = int(np.flatnonzero(rows[:, EMPTY])[0])
+            self.batches += first  # the warning names the first batch with no row
+            self._empty(sums[EMPTY])
+            self.batches -= first
+        self.batches += rows.shape[0]
+
     def _empty(self, n: int) -> None:
         self.empty_batches += n
         if not self._warned_empty:
@@ -73,7 +102,7 @@ class LoaderStats:
                 "dropped (corrupt, or CRC-Drop), so a mean loss over it is NaN. Use a zero "
                 "loss for a batch with no rows (under DDP every rank must still run its "
                 "backward), or a larger batch_size; counted in loader.stats.empty_batches",
-                UserWarning, stacklevel=4)
+                UserWarning, stacklevel=user_level())
 
     def as_dict(self) -> dict:
         return {

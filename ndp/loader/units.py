@@ -136,24 +136,23 @@ def to_places(layout: Any, ex: Expanded, verdicts: np.ndarray, pos: int) -> Any:
     m = ex.packets.shape[0]
     places = ex.first_of.shape[0] - 1
 
-    def place_ceil(j: int) -> int:  # the first place whose packets all lie at or after j
-        return places if j >= m else int(np.searchsorted(ex.first_of, j, side="left"))
+    def place_ceil(j: np.ndarray) -> np.ndarray:  # the first place whose packets all lie
+        # at or after j
+        return np.where(j >= m, places, np.searchsorted(ex.first_of, j, side="left"))
 
-    for batch in layout.batches:
-        state = batch.state
-        skip = state["pos"] - pos  # an expanded packet: the first the next window needs
-        if skip < m:
-            u = int(ex.place_of[skip])
-            state["tok"] += int(run[skip] - run[ex.first_of[u]])
-            state["pos"] = pos + u
-        else:
-            state["pos"] = pos + places
-        a, b = batch.counted["_range"]
-        batch.counted["_range"] = (pos + place_ceil(a - pos), pos + place_ceil(b - pos))
+    if layout.n:
+        skip = layout.pos - pos  # an expanded packet: the first the next window needs
+        inside = skip < m
+        at = np.minimum(skip, max(m - 1, 0))
+        u = ex.place_of[at].astype(np.int64)
+        layout.tok = np.where(inside, layout.tok + run[at] - run[ex.first_of[u]], layout.tok)
+        layout.pos = np.where(inside, pos + u, pos + places).astype(np.int64)
+        layout.ranges = (pos + place_ceil(layout.ranges - pos)).astype(np.int64)
     if layout.end is not None:
         a, b = layout.end["_range"]
-        layout.end["_range"] = (pos + place_ceil(a - pos), pos + place_ceil(b - pos))
-    layout.packets_used = place_ceil(layout.packets_used)
+        layout.end["_range"] = (pos + int(place_ceil(np.int64(a - pos))),
+                                pos + int(place_ceil(np.int64(b - pos))))
+    layout.packets_used = int(place_ceil(np.int64(layout.packets_used)))
     return layout
 
 

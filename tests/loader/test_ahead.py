@@ -104,15 +104,18 @@ def assert_same(a: tuple, b: tuple) -> None:
 def test_staging_ahead_changes_no_batch_state_or_stat(damaged, mode, backend):
     """Damaged packets (and CRC-Drop) in every chunk's neighbourhood: in packed mode they move
     chunks' ends, so some chunks staged ahead are dropped and staged again; the epoch is the
-    one of one chunk at a time, batch for batch, state for state."""
+    one of one chunk at a time, batch for batch, state for state. (A ring with room for every
+    chunk and the count known before the first: a chunk is staged ahead wherever the plan
+    allows, whatever the machine's pace.)"""
     kw = dict(mode=mode, backend=backend, crc_drop_rate=0.1)
-    ahead = make(damaged, True, **kw)
+    ahead = make(damaged, True, prefetch=300, **kw)
+    len(ahead)
     got = record(ahead)
     want = record(make(damaged, False, **kw))
     assert_same(got, want)
     assert want[2]["corrupt"].get("BAD_CRC", 0) > 0
     c = ahead.counters
-    assert c.staged_ahead > 0 and c.ahead_dropped <= c.staged_ahead
+    assert c.chunks / 3 < c.staged_ahead and c.ahead_dropped <= c.staged_ahead
     if mode == "packed":  # a chunk holding a damaged packet ends later than the index says
         assert c.ahead_dropped > 0
 
