@@ -98,6 +98,9 @@ class RankOrder:
         does not know them: the caller searches the corpus' shard starts then), for a chunk's
         stage."""
         a, b, _ = slice(a, b).indices(self.shape[0])
+        held = None if self.tables is None else self.tables.packets(a, b)
+        if held is not None:  # a held window table's: no second walk of the order
+            return held
         return self._places(np.arange(a, max(a, b), dtype=np.int64), ascending=True,
                             shards=True)
 

@@ -9,7 +9,9 @@ a table of its own packets' entries in share order (``table``): the window's sha
 are read in passing (a block of ``BLOCK`` entries at a time, not held by the corpus' cache),
 and only this rank's are kept, so a rank holds 16 bytes a packet of its own share of two
 windows (the one being read and the next, which the producer's ``ndp.loader.warm.Warmer``
-has built ahead); a chunk's entries are then a slice of a table, with no gather and no sort.
+has built ahead), and 8 more (12 past 2**31 packets a shard) for each packet's shard and
+number in it; a chunk's entries are then a slice of a table, with no gather and no sort, and
+its packets a slice too (``packets``), with no second walk of the window's shuffled order.
 A table takes a whole read of its window's indexes (1.4 s for a 1 GiB window of 16-token
 documents on this project's VM): while one is being built, a chunk of at most ``DIRECT``
 packets reads its entries one by one instead (``LazyIndex.read_at``), so that a run's first
@@ -43,7 +45,8 @@ class ShareEntries:
 
     def __init__(self, order: Any, corpus: Any) -> None:
         self.order, self.corpus = order, corpus
-        self._tables: OrderedDict[int, np.ndarray] = OrderedDict()
+        #: window -> (its own packets' entries, their shard numbers, their numbers in them)
+        self._tables: OrderedDict[int, tuple] = OrderedDict()
         self._lock = threading.Lock()
         self._making: dict[int, threading.Lock] = {}
         self._claimed: set[int] = set()  # windows a thread is about to build (``claim``)
@@ -80,8 +83,9 @@ class ShareEntries:
             if s1 > a:
                 c = min(b, s1)
                 with self._lock:
-                    table = self._tables.get(k)
+                    held = self._tables.get(k)
                     building = k in self._making or k in self._claimed
+                table = None if held is None else held[0]
                 if table is None and building and c - a <= DIRECT:
                     parts.append(self._direct(a, c))  # not waiting for the table
                 else:
@@ -107,6 +111,24 @@ class ShareEntries:
         self.direct += b - a
         return out
 
+    def packets(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The packets of share positions ``[a, b)`` of the share's own packets and their
+        shard numbers, from a held table (kept when it was built: no second walk of the
+        window's order), if ``[a, b)`` lies in one window whose table is held; else ``None``."""
+        o = self.order
+        if b > o.length or b <= a:
+            return None
+        k = o.window_at(a)
+        s0, s1 = self.span(k)
+        if b > s1:
+            return None
+        with self._lock:
+            held = self._tables.get(k)
+        if held is None:
+            return None
+        shard = held[1][a - s0: b - s0].astype(np.int64)
+        return self.corpus.base[shard] + held[2][a - s0: b - s0], shard
+
     def table(self, k: int) -> np.ndarray:
         """Window ``k``'s table (built now if it is not held: one thread builds it, another
         asking meanwhile waits for it)."""
@@ -114,7 +136,7 @@ class ShareEntries:
             got = self._tables.get(k)
             if got is not None:
                 self._tables.move_to_end(k)
-                return got
+                return got[0]
             making = self._making.setdefault(k, threading.Lock())
         with making:
             with self._lock:
@@ -124,24 +146,24 @@ class ShareEntries:
                 with self._lock:
                     self._tables[k] = got
                     self.built += 1
-                    self.largest = max(self.largest, got.shape[0])
+                    self.largest = max(self.largest, got[0].shape[0])
                     while len(self._tables) > HELD:
                         self._tables.popitem(last=False)
         with self._lock:
             self._making.pop(k, None)
-        return got
+        return got[0]
 
-    def _build(self, k: int) -> np.ndarray:
+    def _build(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Window ``k``'s table: this rank's packets of it worked out a block of share
         positions at a time (kept as a shard number and an entry number in it: 8 or 12 bytes a
-        packet while the table is built), then each shard's entries read in passing a block at
-        a time and the rank's picked from them."""
+        packet, held with the table for ``packets``), then each shard's entries read in
+        passing a block at a time and the rank's picked from them."""
         o, corpus = self.order, self.corpus
         s0, s1 = self.span(k)
         n = s1 - s0
         out = np.empty(n, INDEX_ENTRY_DTYPE)
         if n == 0:
-            return out
+            return out, np.zeros(0, np.int32), np.zeros(0, np.int32)
         win, base = o.windows[k], corpus.base
         small = int(np.diff(base).max()) < 1 << 31
         local = np.empty(n, np.int32 if small else np.int64)
@@ -173,7 +195,7 @@ class ShareEntries:
                 x = j * BLOCK
                 got = passing(slice(x, min(x + BLOCK, len(index))))
                 out[where[pick]] = got[mine[pick] - x]
-        return out
+        return out, shard, local
 
     def claim(self, k: int) -> bool:
         """Mark window ``k`` as about to be built by a thread (``unclaim`` when done), unless

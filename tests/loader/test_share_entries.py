@@ -57,6 +57,46 @@ def test_every_range_is_the_gather_by_packet(corpus, world_size, shuffle, monkey
         assert len(share.tables.held()) <= 2
 
 
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_a_held_table_gives_a_chunks_packets_and_shards_without_walking_the_order(
+        corpus, world_size, monkeypatch):
+    """A range in one window whose table is held: its packets and their shard numbers are
+    sliced from the table (what was worked out to build it), equal to a walk of the order;
+    a range across windows, past the share's own packets, or in a window not held is
+    walked as before."""
+    size = int(np.median([s.size for s in corpus.shards]))
+    for rank in range(world_size):
+        share = order_of(corpus, world_size=world_size, rank=rank, window=3 * size,
+                         repeat=True)
+        walked = []
+        real = share._places
+
+        def counting(*args, **kwargs):
+            walked.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(share, "_places", counting)
+        for k in range(len(share.windows)):
+            share.tables.table(k)  # held (the last two)
+        for k in range(len(share.windows)):
+            s0, s1 = share.tables.span(k)
+            for a, b in ((s0, s1), (s0, s0 + 1), ((s0 + s1) // 2, s1)):
+                if b <= a:
+                    continue
+                held = k in share.tables.held()
+                before = len(walked)
+                packets, shards = share.with_shards(a, b)
+                assert (len(walked) == before) == held, (k, a, b)
+                np.testing.assert_array_equal(packets, real(np.arange(a, b)))
+                np.testing.assert_array_equal(shards, corpus.shard_of(packets))
+        n = len(share)
+        before = len(walked)
+        packets, _ = share.with_shards(share.length - 2, min(n, share.length + 2))
+        assert len(walked) > before  # across the repeat: walked
+        np.testing.assert_array_equal(
+            packets, real(np.arange(share.length - 2, min(n, share.length + 2))))
+
+
 def test_a_table_holds_the_ranks_packets_of_its_window_only(corpus):
     share = order_of(corpus, world_size=4, rank=1, window=1 << 62)  # "all": one window
     assert len(share.windows) == 1
