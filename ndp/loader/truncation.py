@@ -122,8 +122,11 @@ class CutReport:
             share.count.counted()
         self._pending = False
         shapes = plan.shapes_of(epoch)
-        tokens = np.asarray(plan.corpus.tokens[share.packets[:share.length]])
-        cut = share.cut if share.cut is not None else cut_of(tokens, row_lens(shapes, tokens))
+        cut = share.cut
+        if cut is None:  # not counted by the epoch's count (a known count): from the index,
+            # a walk of the whole share (the count's cut spares the training loop's thread it)
+            tokens = np.asarray(plan.corpus.tokens[share.packets[:share.length]])
+            cut = cut_of(tokens, row_lens(shapes, tokens))
         lens = (f"`seq_len={plan.seq_len}`" if len(set(plan.shapes.lens)) == 1 else
                 f"the rows' `seq_len` ({', '.join(map(str, sorted(set(shapes.lens))))} in "
                 f"this epoch's phases)")

@@ -106,3 +106,23 @@ def test_the_count_is_what_each_rank_s_rows_lose_on_either_backend(tmp_path):
             assert s.epoch_tokens == s.tokens + s.truncated_tokens
             counts[backend, rank] = (s.epoch_tokens, s.epoch_truncated_tokens)
     assert [counts["cpu", r] for r in range(2)] == [counts["cuda", r] for r in range(2)]
+
+
+def test_an_epoch_the_count_cut_is_reported_without_walking_the_share_again(tmp_path,
+                                                                             monkeypatch):
+    """The epoch's count made its cut (``share.cut``): the report takes it as it is, and the
+    training loop's thread does not read the token count of every packet of the share again
+    at each epoch's start (an O(epoch) stall)."""
+    import ndp.loader.truncation as truncation
+
+    loader = make(data(tmp_path, LENGTHS))
+    walked = []
+    real = truncation.cut_of
+    monkeypatch.setattr(truncation, "cut_of", lambda *a, **k: walked.append(1) or real(*a, **k))
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert sum(1 for _ in loader) == 3
+        assert len(cut_warnings(caught)) == 1
+        assert loader.stats.epoch_truncated_tokens == 75
+    assert walked == []
