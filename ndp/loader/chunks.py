@@ -212,10 +212,11 @@ class ChunkDecoder:
                 max_batches=batches, share_ends=share_ends, final=final,
                 units=None if ex is None else ex.first_of)
             return layout if ex is None else units.to_places(layout, ex, verdicts, pos)
-        return packing_layout(verdicts,
-                              lambda at: plan.candidates(share, pos + at, shape, budget) - pos,
-                              batch_size=B, row_len=T, pos=pos, max_batches=batches,
-                              share_ends=share_ends, budget=budget)
+        n = share.shape[0]
+        end = min(pos + verdicts.shape[0] + 1, n)  # and the packet after: see packing_layout
+        return packing_layout(verdicts, plan.share_tokens(share, pos, end), batch_size=B,
+                              row_len=T, pos=pos, max_batches=batches, share_ends=share_ends,
+                              complete=end >= n, budget=budget)
 
     def _build(self, layout: Layout, staged: Staged, slot: Slot, shape: tuple[int, int]) -> None:
         engine, mode = self.engine, self.plan.mode

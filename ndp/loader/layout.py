@@ -32,12 +32,11 @@ a few NumPy calls. The consumer reads a batch's state and counts from them only 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ndp.loader.packing import plan as place, segments
+from ndp.loader.packing_chunk import packing_chunk
 from ndp.kernels.verdict import count, status_of, tokens_of
 from ndp.wire.format import DropReason
 
@@ -182,68 +181,37 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
     return layout
 
 
-def packing_layout(verdicts: np.ndarray, candidates: Callable[[int], int], *, batch_size: int,
-                   row_len: int, pos: int, max_batches: int, share_ends: bool,
+def packing_layout(verdicts: np.ndarray, toks: np.ndarray, *, batch_size: int, row_len: int,
+                   pos: int, max_batches: int, share_ends: bool, complete: bool,
                    budget: int = 0) -> Layout:
-    """Up to ``max_batches`` packed-row batches from share position ``pos``.
-    ``candidates(at)``: where the candidates of a batch starting at chunk packet ``at`` end
-    (chosen by the index's token counts before decoding, as ``ndp.loader.plan.Plan.candidates``); a
-    batch whose candidates run past the chunk is left to the next chunk, unless the share ends
-    here.
+    """Up to ``max_batches`` packed-row batches from share position ``pos``. A batch's
+    candidates are the packets whose index token counts (``toks``: the share's from ``pos``
+    on, the chunk's packets' and the one after, unless ``complete``: to the share's end) fill
+    its rows or its token ``budget``; its valid ones are placed end to end
+    (``ndp.loader.packing``), and the batch ends at the first that does not fit. A batch whose
+    candidates run past the chunk is left to the next chunk, unless the share ends here
+    (``share_ends``). One compiled pass (``ndp.loader.packing_chunk``).
 
     The build plan: ``doc_packet``, ``doc_col``, ``doc_len`` per document and ``row_docs``
     (row ``r``'s documents are ``row_docs[r]:row_docs[r + 1]``) over the chunk's output rows
     (batch ``b`` has rows ``[bB, bB + B)``; with a token ``budget``, as many rows as its
     candidates fill, one batch's after the other's), and ``cu_seqlens`` (int32, every batch's
     own, one after the other)."""
-    B, L = batch_size, row_len
-    n = verdicts.shape[0]
-    tokens = tokens_of(verdicts)
-    doc_packet, doc_row, doc_col, doc_len, cu_parts = [], [], [], [], []
-    bounds, rows, cus, kept, cut = [0], [0], [0], [], []
-    at = 0  # chunk packet where the next batch starts
-    while at < n and len(kept) < max_batches:
-        q = candidates(at)
-        if q > n and not share_ends:
-            break  # this batch's candidates are not all in the chunk: the next chunk has it
-        q = min(q, n)
-        valid = np.flatnonzero(verdicts[at:q] >= 0)
-        lengths = np.minimum(tokens[at:q][valid], L)
-        # a budget's candidates all fit it: as many rows as they fill (one at least)
-        where_row, where_col, placed = place(lengths, rows=lengths.shape[0] + 1 if budget
-                                             else B, row_len=L)
-        n_rows = B if not budget else (int(where_row[-1]) + 1 if placed else 1)
-        taken = int(valid[placed]) if placed < valid.shape[0] else q - at
-        doc_packet.append(at + valid[:placed])
-        doc_row.append(rows[-1] + where_row)
-        doc_col.append(where_col)
-        doc_len.append(lengths[:placed])
-        cu = segments(lengths[:placed], where_row, rows=n_rows, row_len=L)
-        cu_parts.append(cu)
-        kept.append(int(lengths[:placed].sum()))
-        cut.append(int(np.maximum(tokens[at:q][valid[:placed]] - L, 0).sum()))
-        at += taken
-        bounds.append(at)
-        rows.append(rows[-1] + n_rows)
-        cus.append(cus[-1] + cu.shape[0])
-    nb = len(kept)
-    edges = np.array(bounds, np.int64)
+    got = packing_chunk(verdicts, toks, rows=batch_size, row_len=row_len, budget=budget,
+                        max_batches=max_batches, share_ends=share_ends, complete=complete)
+    edges = got["bounds"]
+    nb = edges.shape[0] - 1
     counts = count_rows(verdicts, edges)
-    counts[:, TOKENS] = kept
-    counts[:, TRUNCATED] = cut
-    row_offsets = np.array(rows, np.int64)
-    doc_row_all = _cat(doc_row)
-    row_docs = np.searchsorted(doc_row_all, np.arange(rows[-1] + 1), side="left")
-    build = {"doc_packet": _cat(doc_packet), "doc_col": _cat(doc_col), "doc_len": _cat(doc_len),
-             "row_docs": row_docs.astype(np.int64), "rows": rows[-1],
-             "cu_seqlens": np.concatenate(cu_parts).astype(np.int32) if cu_parts
-             else np.zeros(0, np.int32)}
-    return _layout(nb, {name: row_offsets for name in
+    counts[:, TOKENS] = got["kept"]
+    counts[:, TRUNCATED] = got["cut"]
+    rows = got["row_at"]
+    total = int(rows[-1])
+    row_docs = np.searchsorted(got["doc_row"], np.arange(total + 1), side="left")
+    build = {"doc_packet": got["doc_packet"], "doc_col": got["doc_col"],
+             "doc_len": got["doc_len"], "row_docs": row_docs.astype(np.int64), "rows": total,
+             "cu_seqlens": got["cu_seqlens"]}
+    return _layout(nb, {name: rows for name in
                         ("input_ids", "labels", "attention_mask", "position_ids")}
-                   | {"cu_seqlens": np.array(cus, np.int64)},
+                   | {"cu_seqlens": got["cu_at"]},
                    pos + edges[1:], np.zeros(nb, np.int64), counts, edges, pos, build=build,
-                   packets_used=at)
-
-
-def _cat(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+                   packets_used=int(edges[-1]))

@@ -216,3 +216,55 @@ def count_batches_by_rank(lengths: np.ndarray, take: np.ndarray, ranks: int, sha
 def new_carry(ranks: int) -> np.ndarray:
     """The ``carry`` of ``count_batches_by_rank`` before any example."""
     return np.zeros((4, ranks), np.int64)
+
+
+@cpu_kernel
+def _candidates_end(toks, at, rows, row_len, budget, complete):  # pragma: no cover - compiled
+    """Where the candidates of a batch from ``at`` end in ``toks`` (index token counts): the
+    examples that fill ``rows`` rows of ``row_len`` (with a ``budget``: whole examples while
+    they fit it), at least one; -1 where they run past ``toks`` and ``complete`` is false (the
+    share goes on: more tokens decide it)."""
+    n = toks.shape[0]
+    if budget > 0:
+        i = _budget_end(toks, at, budget, row_len)
+    else:
+        r = 0
+        c = 0
+        i = at
+        while i < n:
+            m = min(toks[i], row_len)
+            if c + m > row_len:
+                r += 1
+                c = 0
+            if r == rows:
+                break
+            c += m
+            i += 1
+    if i >= n and not complete:
+        return -1
+    return max(i, at + 1)
+
+
+@cpu_kernel
+def _chain_end(toks, batches, rows, row_len, budget, complete):  # pragma: no cover - compiled
+    """Where ``batches`` batches from ``toks[0]`` end if each takes its candidates (no
+    packet dropped), or -1 if ``toks`` is too short to say."""
+    at = 0
+    for _ in range(batches):
+        if at >= toks.shape[0]:
+            if not complete:
+                return -1
+            break
+        at = _candidates_end(toks, at, rows, row_len, budget, complete)
+        if at < 0:
+            return -1
+    return min(at, toks.shape[0])
+
+
+def chain_end(toks: np.ndarray, *, batches: int, rows: int, row_len: int, budget: int,
+              complete: bool) -> int:
+    """``_chain_end`` (the end of a packing chunk of ``batches`` batches by the index token
+    counts ``toks`` of the share from its start; ``complete``: ``toks`` runs to the share's
+    end): the position, or -1 if more tokens are needed."""
+    return int(_chain_end(np.ascontiguousarray(toks, np.int64), batches, rows, row_len,
+                          budget, complete))

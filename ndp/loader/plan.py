@@ -87,8 +87,6 @@ class Plan(Reach, RunSteps, Mixing):
         self._batches: dict[int, int] = {}  # each epoch's batch count, once planned
         self._shard_bytes = np.array([s.size for s in corpus.shards], np.int64)
         self._fit_cache(whole=crc_drop_rate > 0 or mix is not None or self._budget_padded)
-        self._memo_share: np.ndarray | None = None
-        self._memo: dict[int, int] = {}
         self._blocks_of: np.ndarray | None = None  # the share ``share_tokens`` remembers
         self._blocks: dict[int, np.ndarray] = {}
         self._ahead: threading.Thread | None = None  # the plan's thread (``plan_ahead``)
@@ -144,7 +142,7 @@ class Plan(Reach, RunSteps, Mixing):
         other._starts = dict(self._starts)
         if start is not None:
             other._starts = {epoch: start}
-        other._shares, other._memo_share, other._memo = {}, None, {}
+        other._shares = {}
         other._blocks_of, other._blocks = None, {}
         other._batches = {}
         other._ahead, other._ahead_stop, other._wanted = None, threading.Event(), -1

@@ -2,7 +2,8 @@
 the plan's answer to the producer's "how many packets make these batches" (``ndp.loader.chunks``),
 from token counts gathered a block of share positions at a time and remembered.
 
-A ``Plan`` is a ``Reach``: it gives ``corpus``, ``mode`` and the memo fields (``_memo_share``, ``_memo``, ``_blocks_of``, ``_blocks``), which it sets up.
+A ``Plan`` is a ``Reach``: it gives ``corpus``, ``mode`` and the memo fields (``_blocks_of``,
+``_blocks``), which it sets up.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ndp.loader import units
-from ndp.loader.packing import budget_ends, plan as place
+from ndp.loader.packing import budget_ends, chain_end
 from ndp.store.columns import tokens_of
 
 #: share positions whose token counts ``Reach.share_tokens`` gathers at once
@@ -24,8 +25,6 @@ class Reach:
 
     corpus: Any
     mode: str
-    _memo_share: Any
-    _memo: dict
     _blocks_of: Any
     _blocks: dict
 
@@ -58,12 +57,14 @@ class Reach:
                 mean = max(float(cum[-1]) / cum.shape[0], 1.0) if cum.shape[0] else 1.0
                 ahead = max(2 * ahead, int((need / mean) * 1.125) + 64)
             return min(pos + int(np.searchsorted(cum, need)) + 1, n)
-        at = pos
-        for _ in range(batches):  # packing: a batch takes its candidates when all are valid
-            if at >= n:
-                break
-            at = self.candidates(share, at, shape, budget)
-        return min(at, n)
+        cap = max(64, 8 * B * batches)  # packing: a batch takes its candidates when all are
+        while True:  # valid (``chain_end``, compiled), read as far ahead as they need
+            end = min(pos + cap, n)
+            q = chain_end(self.share_tokens(share, pos, end), batches=batches, rows=B,
+                          row_len=T, budget=budget, complete=end >= n)
+            if q >= 0:
+                return pos + q
+            cap *= 2
 
     def budget_end(self, share: np.ndarray, pos: int, batches: int, budget: int,
                    row_len: int) -> int:
@@ -121,24 +122,5 @@ class Reach:
                    budget: int = 0) -> int:
         """Packing: the end of the candidates of the batch of ``shape`` (B rows of L, or a
         token ``budget``) that starts at share position ``at``: the packets whose index
-        lengths fill its rows or its budget (at least one). Remembered for the share last
-        asked about: a chunk's plan and its layout ask for the same positions."""
-        if budget:
-            return self.budget_end(share, at, 1, budget, shape[1])
-        if self._memo_share is not share:
-            self._memo_share, self._memo = share, {}
-        key = (at, *shape)
-        q = self._memo.get(key)
-        if q is not None:
-            return q
-        B, L = shape
-        cap = 8 * B
-        while True:
-            window = self.share_tokens(share, at, at + cap)
-            _, _, fits = place(window, rows=B, row_len=L)
-            if fits < window.shape[0] or at + cap >= share.shape[0]:
-                q = self._memo[key] = at + max(fits, 1)
-                if len(self._memo) > 4096:  # positions behind the producer are not asked again
-                    self._memo = {key: q}
-                return q
-            cap *= 2
+        lengths fill its rows or its budget (at least one)."""
+        return self.chunk_end(share, at, 0, 1, shape, budget)
