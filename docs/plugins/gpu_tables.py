@@ -44,3 +44,26 @@ def kernels(r: Result) -> str:
     return head + table(["mode", "kernel", "us a chunk", "G tokens/s alone", "DRAM GB/s",
                          "% of DRAM peak", "DRAM bytes / floor", "SM %",
                          "occupancy achieved / theoretical %", "registers", "grid x block"], rows)
+
+
+def threads(r: Result) -> str:
+    """``benchmarks/gpu_threads.py``: per mode and consumer, tokens/s and each thread's CPU per
+    batch, the chunks staged ahead, and where the producer's samples fell most."""
+    config = r.report.get("config") or {}
+    rows = []
+    for row in r.report.get("results") or []:
+        cpu = row.get("thread_cpu_us_per_batch") or {}
+        top = ((row.get("profile") or {}).get("ndp-loader") or {}).get("ndp") or []
+        rows.append([row.get("mode", "?"), row.get("consumer", "?"),
+                     fmt(row.get("tokens_per_s"), 1e9, 3), fmt(cpu.get("ndp-loader")),
+                     fmt(cpu.get("MainThread")),
+                     fmt(sum(v for k, v in cpu.items() if k not in ("ndp-loader", "MainThread"))),
+                     fmt(row.get("staged_ahead_per_chunk"), digits=2),
+                     "; ".join(f"`{name}` {share:.0%}" for name, share in top[:3])])
+    head = (f"Resident shards, {config.get('batch', '?')} x {config.get('seq', '?')}, torch "
+            f"output, {fmt(config.get('seconds'))} s a run, GIL switch interval "
+            f"{config.get('switch_interval', '?')} s. `sum`: the consumer queues a kernel on each "
+            "batch; `next`: it only takes them.\n\n")
+    return head + table(["mode", "consumer", "G tokens/s", "producer CPU us/batch",
+                         "consumer CPU us/batch", "other threads us/batch",
+                         "chunks staged ahead / chunk", "producer's samples, most"], rows)

@@ -133,7 +133,8 @@ def kinds_of(name: str, report: dict) -> list[str]:
                                    ("scale-", "scale", "records", list),
                                    ("schedule-", "schedule", "modes", dict),
                                    ("kernel-profile-", "kernels", "modes", dict),
-                                   ("plan-change-", "plan-change", "sizes", list)):
+                                   ("plan-change-", "plan-change", "sizes", list),
+                                   ("gpu-threads-", "gpu-threads", "results", list)):
         if name.startswith(prefix) and isinstance(report.get(key), typ):
             kinds.append(kind)
     return kinds

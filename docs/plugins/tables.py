@@ -22,7 +22,7 @@ from results import (
 )
 from mdtable import table
 from scale_tables import SCALE_MODEL, _docs, _model_cell, scale as _scale_ndp
-from gpu_tables import kernels as _kernels
+from gpu_tables import kernels as _kernels, threads as _threads
 from resume_tables import plan_change as _plan_change
 
 
@@ -400,7 +400,8 @@ TABLES = {"decode": _decode, "crc": _crc, "convert": _convert, "loader": _loader
           "gpu-loader": _gpu,
           "accounting": _accounting, "remote": _remote, "shuffle": _shuffle,
           "bad-inputs": _bad_inputs, "scale": _scale, "train-gpt2": _train_gpt2,
-          "schedule": _schedule, "kernels": _kernels, "plan-change": _plan_change}
+          "schedule": _schedule, "kernels": _kernels, "plan-change": _plan_change,
+          "gpu-threads": _threads}
 
 
 def render(kind: str, result: Result, page: str | None) -> str:
