@@ -1,7 +1,9 @@
 """What a ``Loader`` has delivered: packets, drops by reason, tokens, waits (``loader.stats``).
 
-Counted on the consumer's side, batch by batch, from what each batch's layout counted
-(``ndp.loader.layout``), so the figures describe exactly the batches taken so far.
+Counted on the consumer's side from what each batch's layout counted (``ndp.loader.layout``'s
+``counts``, a row a batch), when ``loader.stats`` is read, the next chunk is taken or the epoch
+ends (``ndp.loader.taken``): the figures describe exactly the batches taken so far, and
+``next()`` does not count them one by one.
 """
 
 from __future__ import annotations

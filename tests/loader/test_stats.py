@@ -35,3 +35,63 @@ def test_a_batch_with_no_row_is_counted_and_warned_about_once():
     stats.add({"packets": 4, "valid": 0, "empty_batches": 1})  # no second warning (-W error)
     stats.add({"empty_batches": 0})
     assert stats.empty_batches == 2 and stats.packets == 8
+
+
+def test_rows_of_layout_counts_are_added_as_their_batches_were():
+    """``add_counts``: consecutive batches' rows of ``Layout.counts`` at once, the same sums as
+    adding them one by one; the no-row warning names the first such batch."""
+    import numpy as np
+
+    from ndp.loader.layout import COUNTS, EMPTY, N_COUNTS, REASONS
+
+    rows = np.zeros((3, N_COUNTS), np.int64)
+    rows[:, :len(COUNTS)] = [[4, 3, 50, 2, 0, 1, 1], [4, 0, 0, 0, 1, 0, 0], [4, 4, 60, 0, 0, 0, 0]]
+    rows[0, len(COUNTS) + REASONS.index("BAD_CRC")] = 1
+    rows[1, len(COUNTS) + REASONS.index("EMPTY")] = 4
+    stats = LoaderStats(batches=10)
+    with pytest.warns(UserWarning, match="batch 12 has no rows"):
+        stats.add_counts(rows)
+    assert rows[:, EMPTY].tolist() == [0, 1, 0]
+    got = stats.as_dict()
+    assert (got["batches"], got["packets"], got["valid"], got["tokens"],
+            got["truncated_tokens"], got["repeated"], got["dropped_on_purpose"],
+            got["empty_batches"]) == (13, 12, 7, 110, 2, 1, 1, 1)
+    assert got["corrupt"] == {"BAD_CRC": 1, "EMPTY": 4}
+
+
+def test_next_only_counts_and_stats_are_settled_when_read(tmp_path, monkeypatch):
+    """The training loop's next() counts the batch it hands out; the stats are added when
+    ``loader.stats`` is read (and when the next chunk is taken): a ``LoaderStats`` kept from
+    an earlier read is brought up to date by the next read, and its figures are exactly the
+    batches taken so far, whatever the chunk."""
+    import numpy as np
+
+    from ndp.loader.loader import Loader
+    from ndp.wire.packet import encode_tokens
+
+    from ndp_test_helpers import ramp, write_shards
+
+    write_shards(tmp_path, [encode_tokens(ramp(k, 5)) for k in range(40)])
+    loader = Loader(tmp_path, mode="padded", batch_size=2, seq_len=8, chunk_batches=4,
+                    backend="cpu", output="arrays", seed=3)
+    calls = []
+    real = LoaderStats.add_counts
+    monkeypatch.setattr(LoaderStats, "add_counts",
+                        lambda self, rows: calls.append(rows.shape[0]) or real(self, rows))
+    it = iter(loader)
+    next(it)  # chunks of 1, 2, 4, 4, ... batches after a start
+    assert calls == []
+    next(it)  # the second chunk's first batch: the first chunk's one batch added
+    next(it)
+    assert calls == [1]  # nothing added batch by batch within a chunk
+    kept = loader.stats
+    assert kept.batches == 3 and kept.packets == 6 and kept.tokens == 30
+    assert loader.state_dict()["batch"] == 3
+    next(it)
+    assert kept.batches == 3  # not read again yet
+    assert loader.stats is kept and kept.batches == 4 and kept.packets == 8
+    rest = sum(1 for _ in it)
+    assert loader.stats.batches == 4 + rest == 20 and loader.stats.packets == 40
+    assert sum(calls) == 20 and len(calls) < 20  # whole runs of batches at once
+    assert np.all(np.array(calls) > 0)
+    loader.close()
