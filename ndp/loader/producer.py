@@ -144,7 +144,10 @@ class Producer:
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             put(Failure(exc))
         finally:
-            self._drop()  # a chunk staged ahead when the producer stopped
+            try:  # a chunk staged ahead when the producer stopped (or failed: a device
+                self._drop()  # error raised again here is the consumer's already)
+            except Exception:  # noqa: BLE001
+                self._ahead = None
 
     def _epoch(self, state: dict, put: Any, stop: threading.Event) -> tuple | None:
         """The chunks of the rest of ``state``'s epoch; returns the epoch's end item (None if
