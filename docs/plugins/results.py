@@ -39,8 +39,10 @@ FEATURED = {
     "shuffle": ["shuffle-20261126-124612.json", "shuffle-20261126-124754.json"],
     # after issue 27's host fixes, then the same benchmark on the code before them
     "gpu-host": ["gpu-host-20261126-150300.json", "gpu-host-20261126-140840-at-d34480e.json"],
-    # the same command on two fresh H100 machines of one day: how far a run moves
-    "gpu-loader": ["gpu-loader-20261126-163058.json", "gpu-loader-20261126-164336.json"],
+    # the newest code (two chunks in flight, array layouts, compiled packing) on an H200, then
+    # the same command on two fresh H100 machines of 2026-11-26: how far a run moves
+    "gpu-loader": ["gpu-loader-20261127-141100.json", "gpu-loader-20261126-163058.json",
+                   "gpu-loader-20261126-164336.json"],
     # the verdicts of several threads a long packet, then one thread a packet (before)
     "kernels": ["kernel-profile-20261127-071623.json", "kernel-profile-20261127-065339.json"],
 }
