@@ -16,7 +16,8 @@ Per run: tokens/s; CPU microseconds per batch of each thread (``ndp-loader``, th
 that wakes every millisecond and records, for the producer and the consumer, the innermost frame
 of ``ndp`` code and the innermost frame of all (function and line). The sampler needs the GIL
 too, so it sees a thread where it is when the GIL changes hands: read it for shares, not
-microseconds. JSON ``gpu-threads-<time>.json`` into ``--out``.
+microseconds. JSON ``gpu-threads-<time>.json`` into ``--out`` (``sim-threads-*`` under the
+simulator, whose figures mean nothing: the test suite's smoke run).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from bench_gpu import device_info  # noqa: E402
 from bench_gpu_loader import write_corpus  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
+from ndp.engine.backend import simulated  # noqa: E402
 from ndp.store.atomic import atomic_write  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -65,7 +67,7 @@ class Sampler:
 
     def __init__(self, watch: tuple[str, ...], period: float = 1e-3) -> None:
         self.watch, self.period = watch, period
-        self.ndp: dict[str, collections.Counter] = {w: collections.Counter() for w in watch}
+        self.ours: dict[str, collections.Counter] = {w: collections.Counter() for w in watch}
         self.leaf: dict[str, collections.Counter] = {w: collections.Counter() for w in watch}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
@@ -92,10 +94,10 @@ class Sampler:
                     f = f.f_back
                 if f is not None:
                     c = f.f_code
-                    self.ndp[name][f"{Path(c.co_filename).name}:{c.co_name}:{f.f_lineno}"] += 1
+                    self.ours[name][f"{Path(c.co_filename).name}:{c.co_name}:{f.f_lineno}"] += 1
 
     def top(self, n: int = 25) -> dict:
-        return {w: {"ndp": _shares(self.ndp[w], n), "leaf": _shares(self.leaf[w], n)}
+        return {w: {"ndp": _shares(self.ours[w], n), "leaf": _shares(self.leaf[w], n)}
                 for w in self.watch}
 
 
@@ -177,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"   {who}: " + "; ".join(f"{k} {v:.0%}" for k, v in
                                                     prof["ndp"][:8]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"gpu-threads-{dt.datetime.now():%Y%m%d-%H%M%S-%f}.json"
+    tag = "sim-threads" if simulated() else "gpu-threads"  # the simulator's times mean nothing
+    path = args.out / f"{tag}-{dt.datetime.now():%Y%m%d-%H%M%S-%f}.json"
     atomic_write(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
     return 0

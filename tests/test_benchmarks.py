@@ -571,6 +571,32 @@ def test_scale_peers_stream_holds_the_ndp_datasets_documents(tmp_path):
     np.testing.assert_array_equal(rows[:, :16], docs)
 
 
+def test_gpu_threads_splits_the_cpu_by_thread_and_samples_the_producer(tmp_path):
+    """``gpu_threads.py`` under the simulator (its times mean nothing there): each mode and
+    consumer measured, the threads' CPU per batch read from /proc, and
+    the sampler's shares of where each was, summing to at most 1."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_threads.py"), "--tokens", "8192",
+                           "--batch", "2", "--seq", "16", "--seconds", "0.3", "--modes",
+                           "padded", "packing", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("sim-threads-*.json")
+    report = json.loads(result.read_text())
+    rows = report["results"]
+    assert [(r["mode"], r["consumer"]) for r in rows] == [
+        (m, c) for m in ("padded", "packing") for c in ("sum", "next")]
+    for r in rows:  # (/proc counts CPU in clock ticks: a run this short gives a thread 0 or
+        assert r["batches"] > 0 and r["tokens_per_s"] > 0  # a few, so none is asked of one)
+        assert all(v > 0 for v in r["thread_cpu_us_per_batch"].values())
+        for who in ("ndp-loader", "MainThread"):
+            for kind in ("ndp", "leaf"):
+                shares = [share for _, share in r["profile"][who][kind]]
+                assert all(0 < x <= 1 for x in shares) and sum(shares) <= 1.0001
+    assert any(r["profile"]["MainThread"]["leaf"] for r in rows)
+    assert sum(sum(r["thread_cpu_us_per_batch"].values()) for r in rows) > 0
+
+
 def test_gpu_host_quick_run_counts_every_device_call_per_chunk(tmp_path):
     """The host ceiling of the GPU Loader (``gpu_host.py`` on the counting null device, with the
     consumer's stream handshake running as on a GPU): every mode and source measured, and per
