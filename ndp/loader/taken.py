@@ -12,6 +12,8 @@ to date by the next read of ``loader.stats``.
 
 from __future__ import annotations
 
+import threading
+
 from ndp.loader.layout import Layout
 from ndp.loader.stats import LoaderStats
 
@@ -21,11 +23,14 @@ _NONE = Layout(0, {}, *(None,) * 4)  # no chunk taken yet
 class Taken:
     """The chunk being served and how many of its batches were taken (module docstring)."""
 
-    __slots__ = ("base", "_stats", "epoch", "layout", "n", "settled")
+    __slots__ = ("base", "_stats", "epoch", "layout", "n", "settled", "_lock")
 
     def __init__(self, state: dict, stats: LoaderStats) -> None:
         self.base = state  # the state before the chunk's first batch
         self._stats = stats
+        #: a read from another thread (a monitor reading ``loader.stats`` while the loop runs)
+        #: settles once, not twice, and never sees one chunk's layout with another's count
+        self._lock = threading.Lock()
         self.epoch = 0
         self.layout = _NONE
         self.n = 0  # batches of ``layout`` handed out
@@ -33,10 +38,11 @@ class Taken:
 
     def begin(self, epoch: int, layout: Layout) -> None:
         """The consumer takes a new chunk of ``epoch``."""
-        self.settle()
-        if self.n:
-            self.base = self._last()
-        self.epoch, self.layout, self.n, self.settled = epoch, layout, 0, 0
+        with self._lock:
+            self._settle()
+            if self.n:
+                self.base = self._last()
+            self.epoch, self.layout, self.n, self.settled = epoch, layout, 0, 0
 
     def _last(self) -> dict:
         return {"epoch": self.epoch, **self.layout.state(self.n - 1)}
@@ -44,16 +50,22 @@ class Taken:
     @property
     def state(self) -> dict:
         """The loader state after the last batch handed out."""
-        return self._last() if self.n else self.base
+        with self._lock:
+            return self._last() if self.n else self.base
 
     @state.setter
     def state(self, state: dict) -> None:
         """Another position (an epoch's end, a resume): the batches taken so far counted."""
-        self.settle()
-        self.layout, self.n, self.settled, self.base = _NONE, 0, 0, state
+        with self._lock:
+            self._settle()
+            self.layout, self.n, self.settled, self.base = _NONE, 0, 0, state
 
     def settle(self) -> LoaderStats:
         """The stats, with every batch taken so far counted."""
+        with self._lock:
+            return self._settle()
+
+    def _settle(self) -> LoaderStats:
         stats = self._stats
         a, b = self.settled, self.n
         if a < b:

@@ -95,3 +95,45 @@ def test_next_only_counts_and_stats_are_settled_when_read(tmp_path, monkeypatch)
     assert sum(calls) == 20 and len(calls) < 20  # whole runs of batches at once
     assert np.all(np.array(calls) > 0)
     loader.close()
+
+
+def test_stats_read_from_another_thread_while_the_loop_runs_count_each_batch_once(tmp_path):
+    """A monitor thread reading ``loader.stats`` over and over while the training loop takes
+    batches: every read settles under one lock, so no batch is counted twice and the figures
+    at the end are the loop's own."""
+    import threading
+
+    from ndp.loader.loader import Loader
+    from ndp.wire.packet import encode_tokens
+
+    from ndp_test_helpers import ramp, write_shards
+
+    write_shards(tmp_path, [encode_tokens(ramp(k, 3 + k % 7)) for k in range(600)])
+
+    def make():
+        return Loader(tmp_path, mode="padded", batch_size=2, seq_len=8, chunk_batches=3,
+                      backend="cpu", output="arrays", seed=4)
+
+    alone = make()
+    n = sum(1 for _ in alone)
+    want = alone.stats.as_dict()
+    alone.close()
+    loader, stop, reads = make(), threading.Event(), []
+
+    def monitor():
+        while not stop.is_set():
+            reads.append(loader.stats.batches)
+
+    thread = threading.Thread(target=monitor)
+    thread.start()
+    try:
+        assert sum(1 for _ in loader) == n == 300
+    finally:
+        stop.set()
+        thread.join()
+    got = loader.stats.as_dict()
+    for d in (got, want):
+        d.pop("wait_seconds")
+    assert got == want and len(reads) > 10
+    assert reads == sorted(reads) and reads[-1] <= n
+    loader.close()
