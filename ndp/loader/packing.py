@@ -68,6 +68,25 @@ def _budget_end(lengths, at, budget, row_len):  # pragma: no cover - compiled
 
 
 @cpu_kernel
+def _rows_end(lengths, at, rows, row_len):  # pragma: no cover - compiled
+    """Where examples placed from ``at`` as ``_plan`` places them stop filling ``rows`` rows
+    of ``row_len``: the first that would need row ``rows`` (or the end)."""
+    r = 0
+    c = 0
+    i = at
+    while i < lengths.shape[0]:
+        m = min(lengths[i], row_len)
+        if c + m > row_len:
+            r += 1
+            c = 0
+        if r == rows:
+            break
+        c += m
+        i += 1
+    return i
+
+
+@cpu_kernel
 def _count_batches(lengths, starts, sizes, lens, budgets, batch_of):  # pragma: no cover
     n = lengths.shape[0]
     at = 0
@@ -77,20 +96,7 @@ def _count_batches(lengths, starts, sizes, lens, budgets, batch_of):  # pragma: 
         if budgets[p] > 0:
             i = _budget_end(lengths, at, budgets[p], lens[p])
         else:
-            rows = sizes[p]
-            row_len = lens[p]
-            r = 0
-            c = 0
-            i = at
-            while i < n:
-                m = min(lengths[i], row_len)
-                if c + m > row_len:
-                    r += 1
-                    c = 0
-                if r == rows:
-                    break
-                c += m
-                i += 1
+            i = _rows_end(lengths, at, sizes[p], lens[p])
         end = max(i, at + 1)
         if batch_of.shape[0]:
             batch_of[at:end] = count
@@ -228,18 +234,7 @@ def _candidates_end(toks, at, rows, row_len, budget, complete):  # pragma: no co
     if budget > 0:
         i = _budget_end(toks, at, budget, row_len)
     else:
-        r = 0
-        c = 0
-        i = at
-        while i < n:
-            m = min(toks[i], row_len)
-            if c + m > row_len:
-                r += 1
-                c = 0
-            if r == rows:
-                break
-            c += m
-            i += 1
+        i = _rows_end(toks, at, rows, row_len)
     if i >= n and not complete:
         return -1
     return max(i, at + 1)

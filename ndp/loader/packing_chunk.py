@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ndp.kernels._jit import cpu_kernel
-from ndp.loader.packing import _candidates_end
+from ndp.loader.packing import _candidates_end, _plan, _segments
 
 
 @cpu_kernel
@@ -44,20 +44,7 @@ def _packing_chunk(verdicts, toks, rows, row_len, budget, max_batches, share_end
                 s_len[nv] = min(verdicts[j], row_len)
                 nv += 1
         limit = rows if budget == 0 else nv + 1  # a budget's candidates all fit it
-        r = 0
-        c = 0
-        placed = 0
-        for k in range(nv):
-            m = s_len[k]
-            if c + m > row_len:
-                r += 1
-                c = 0
-            if r == limit:
-                break
-            s_row[k] = r
-            s_col[k] = c
-            c += m
-            placed += 1
+        placed = _plan(s_len[:nv], limit, row_len, s_row, s_col)
         n_rows = rows
         if budget > 0:
             n_rows = s_row[placed - 1] + 1 if placed else 1
@@ -74,18 +61,7 @@ def _packing_chunk(verdicts, toks, rows, row_len, budget, max_batches, share_end
             c_sum += max(verdicts[s_idx[k]] - row_len, 0)
         cu[ncu] = 0  # the batch's segments: each document, then each row's padding
         ncu += 1
-        i = 0
-        for rr in range(n_rows):
-            acc = rr * row_len
-            while i < placed and s_row[i] == rr:
-                if s_len[i] > 0:
-                    acc += s_len[i]
-                    cu[ncu] = acc
-                    ncu += 1
-                i += 1
-            if acc < (rr + 1) * row_len:
-                cu[ncu] = (rr + 1) * row_len
-                ncu += 1
+        ncu += _segments(s_len[:placed], s_row[:placed], n_rows, row_len, cu[ncu:])
         kept[nb] = k_sum
         cut[nb] = c_sum
         at += taken
