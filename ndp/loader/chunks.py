@@ -98,7 +98,7 @@ class ChunkDecoder:
                batches: int | None = None, own_end: int | None = None,
                shape: tuple[int, int] | None = None, budget: int = 0, *,
                started: Started | None = None,
-               then: Callable[[Started], bool] | None = None) -> Chunk:
+               then: Callable[[Started], bool] | None = None, build: bool = True) -> Chunk:
         """The next chunk from share position ``pos`` (and stream token ``tok``, packed mode),
         its batches of ``shape`` (B, T; default: the run's first; or cut by a token
         ``budget``, ``ndp.loader.shapes``):
@@ -112,7 +112,8 @@ class ChunkDecoder:
         ``started``: this chunk, already staged with its verdicts queued (``start``, with the
         same arguments). ``then(started)``: called once the chunk's verdicts are queued and
         before they are waited for, to stage the next chunk meanwhile (``ndp.loader.ahead``);
-        true if it did (then the next chunk's first shards need no prefetch)."""
+        true if it did (then the next chunk's first shards need no prefetch). ``build=False``:
+        the layout only, no output written (``ndp.loader.explain``)."""
         plan = self.plan
         shape = shape or plan.shapes.at(0)
         n = share.shape[0]
@@ -139,7 +140,8 @@ class ChunkDecoder:
                 break
             reach *= 2  # dropped packets held too few tokens: take more of them (as many
             # batches still: the epoch's last chunk must not make more than it was asked)
-        self._build(layout, st.staged, slot, shape)
+        if build:
+            self._build(layout, st.staged, slot, shape)
         self.stager.after(st.staged, self.engine)
         self.engine.finish(slot)
         self.engine.counters.chunks += 1

@@ -99,6 +99,7 @@ from typing import Any
 
 from ndp.engine.backend import resolve_backend
 from ndp.loader.chunks import ChunkDecoder, batches_per_chunk
+from ndp.loader.explain import ExplainViews
 from ndp.loader.running import LIVE, ProducerThread, refuse_if_forked
 from ndp.store.corpus import Corpus
 from ndp.engine.cpu import CpuEngine
@@ -126,7 +127,7 @@ from ndp.loader.truncation import CutReport
 STATE_VERSION = 5
 
 
-class Loader(TakenViews, StepViews):
+class Loader(TakenViews, StepViews, ExplainViews):
     """Batches from NDP shards; see the module docstring for modes, order and validity."""
 
     def __init__(

@@ -1,0 +1,320 @@
+"""Which packets made a step: ``loader.explain(step)`` (``Explanation``), past or future.
+
+A Loader's order is a pure function of (seed, epoch, rank, world size, mix, batch shapes), so
+the batch of any run step follows from the index and the packets themselves, with nothing
+stored per step. ``explain`` works it out apart from the running Loader, on the CPU and on a
+plan of its own (``Plan.variant``: the same order, CRC-Drop, mix and elastic remainder), with
+the pipeline's own plan and layout (``ndp.loader.chunks``: verdicts, then the layout of the
+mode), so what it says is what the Loader delivers, on either backend, row for row:
+
+* the step's epoch and its batch in the epoch (the run's epoch starts, ``ndp.loader.steps``);
+* where that batch starts in the rank's share: ``padded`` and ``packing`` batches start where
+  the index's token counts say (``Plan.chunk_end``: one compiled pass over the positions
+  before it, no packet read); a ``packed`` batch starts after the valid tokens before it, so
+  the packets between the epoch's start (or the last step explained in that epoch) and it are
+  read and checked, as the Loader would (chunks without outputs);
+* the batch itself, decoded without outputs: per row, the pieces of packets it holds
+  (``Piece``: shard, packet, byte offset, SRC/DST/TYP, the tokens ``[start, stop)`` of the
+  packet and the column they begin at), and what the batch dropped and why (``Dropped``: the
+  packets its counted range held that failed, as ``loader.stats.corrupt`` counts them).
+
+In ``packed`` mode a row is a window of ``seq_len + 1`` tokens: ``x`` is its first
+``seq_len``, ``y`` its last; a piece at column ``seq_len`` is the last target only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ndp.engine.cpu import CpuEngine, Slot
+from ndp.errors import LoaderUsageError
+from ndp.kernels.verdict import NO_VOCAB, status_of, tokens_of
+from ndp.loader.ahead import plan_chunk
+from ndp.loader.chunks import ChunkDecoder, batches_per_chunk
+from ndp.loader.stage import HostStager
+from ndp.wire.format import DropReason
+from ndp.wire.packet import decode_packet
+
+
+class StepError(LoaderUsageError):
+    """A step no batch of this run has: past the run's end or its epoch, or before the epoch
+    the run resumed in."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens ``[start, stop)`` of one packet, in row ``row`` of the batch from column ``col``
+    on. ``position``: its place in the rank's share of the epoch (``length`` on: the share
+    again, a rank left short); ``packet``: its number in the dataset (shards in order);
+    ``shard``/``offset``: the file and the byte offset of its frame's sync byte."""
+
+    row: int
+    col: int
+    position: int
+    packet: int
+    shard: str
+    offset: int
+    src: int
+    dst: int
+    typ: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A packet the batch reached and dropped, and why (a ``DropReason`` name)."""
+
+    position: int
+    packet: int
+    shard: str
+    offset: int
+    reason: str
+
+
+@dataclass
+class Explanation:
+    """What made run step ``step`` (batch ``batch`` of epoch ``epoch``) of rank ``rank``:
+    ``rows`` rows (windows in packed mode) of ``seq_len`` columns, made of ``pieces``; the
+    packets it ``dropped``."""
+
+    step: int
+    epoch: int
+    batch: int
+    rank: int
+    world_size: int
+    mode: str
+    rows: int
+    seq_len: int
+    pieces: list[Piece] = field(default_factory=list)
+    dropped: list[Dropped] = field(default_factory=list)
+
+    def row(self, r: int) -> list[Piece]:
+        """The pieces of row ``r``, in column order."""
+        return [p for p in self.pieces if p.row == r]
+
+    def packets(self) -> list[tuple[str, int]]:
+        """Every packet the step holds, ``(shard, packet)``, once each, in order."""
+        return list(dict.fromkeys((p.shard, p.packet) for p in self.pieces))
+
+    def tokens(self, piece: Piece) -> np.ndarray:
+        """The token ids of ``piece``, read from its shard."""
+        with open(piece.shard, "rb") as f:
+            f.seek(piece.offset)
+            head = f.read(6)
+            length = (head[4] << 8) | head[5]
+            data = head + f.read(length + 2)
+        return decode_packet(data).tokens[piece.start:piece.stop]
+
+    def to_dict(self) -> dict:
+        """Plain data (``json.dumps`` takes it)."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+
+class Explainer:
+    """A Loader's explanations: its plan's variant, a CPU decoder over its corpus, and the
+    last place reached per epoch (explaining step after step reads each packet once)."""
+
+    def __init__(self, plan: Any, *, vocab: int | None = None) -> None:
+        self.source = plan
+        self.plan = plan.variant(rank=plan.rank, world_size=plan.world_size,
+                                 batch_size=plan.batch_setting, seq_len=plan.len_setting)
+        self.plan.max_steps = plan.max_steps
+        if plan.grown is not None:  # the epoch resumed in is read from the dataset as it was
+            self.plan.grown = plan.grown.variant(
+                rank=plan.rank, world_size=plan.world_size, batch_size=plan.batch_setting,
+                seq_len=plan.len_setting)
+            self.plan.grown.resumed = plan.grown.resumed
+        self.engine = CpuEngine()
+        self.decoder = ChunkDecoder(self.engine, HostStager(plan.corpus), self.plan,
+                                    pad_token_id=0, per_chunk=batches_per_chunk("cpu", None),
+                                    vocab=vocab or NO_VOCAB)
+        self.slot = Slot(0)
+        self._reached: dict[int, tuple[int, int, int, int]] = {}  # epoch: pos, tok, batch,
+        # counted_upto at a chunk's start
+        self._lock = threading.Lock()
+
+    def fits(self, plan: Any) -> bool:
+        """Whether this explainer still plans as ``plan`` does (no resume since)."""
+        return (self.plan.elastic is plan.elastic and
+                (plan.grown is None) == (self.plan.grown is None) and
+                all(self.plan._starts.get(e) == s for e, s in plan._starts.items()))
+
+    def close(self) -> None:
+        self.plan.stop_ahead()
+
+    # ----------------------------------------------------------------------------- steps
+    def locate(self, step: int, epoch: int | None) -> tuple[int, int, int]:
+        """``(epoch, batch, run step)`` of run ``step``, or of batch ``step`` of ``epoch``."""
+        plan = self.plan
+        step = int(step)
+        if step < 0:
+            raise StepError(f"step {step} is negative: steps count from 0")
+        if epoch is not None:
+            epoch = int(epoch)
+            start = self._start(epoch)
+            n = plan.run_batches(epoch)
+            if step >= n:
+                raise StepError(f"epoch {epoch} has {n:,} batches on this rank: batch {step} "
+                                f"is past its end (pass a run step without epoch=)")
+            return epoch, step, start + step
+        known = [e for e, s in plan._starts.items() if s <= step]
+        if not known:
+            first = min(plan._starts)
+            raise StepError(f"step {step} is before the epoch this run resumed in (epoch "
+                            f"{first}, from step {plan._starts[first]:,}): a Loader resumed "
+                            f"later does not know where earlier epochs began")
+        e = max(known)
+        while True:
+            start, n = plan.start_step(e), plan.run_batches(e)
+            if step < start + n:
+                return e, step - start, step
+            if plan.ended(start + n) or n == 0:
+                raise StepError(f"step {step} is past the run's end (step {start + n:,}: "
+                                f"max_steps={plan.max_steps})")
+            e += 1
+
+    def _start(self, epoch: int) -> int:
+        try:
+            return self.plan.start_step(epoch)
+        except ValueError as exc:
+            raise StepError(str(exc)) from None
+
+    # ------------------------------------------------------------------------- the batch
+    def explain(self, step: int, *, epoch: int | None = None) -> Explanation:
+        with self._lock:
+            epoch, batch, run_step = self.locate(step, epoch)
+            chunk, i = self._find(epoch, batch)
+            plan = self.plan
+            B, T = chunk.started.shape
+            out = Explanation(run_step, epoch, batch, plan.rank, plan.world_size, plan.mode,
+                              0, T)
+            _describe(out, chunk, i, self.engine, plan.corpus)
+            return out
+
+    def _find(self, epoch: int, batch: int) -> tuple[Any, int]:
+        """The chunk (decoded without outputs) that holds ``batch``, and its index there."""
+        plan, dec = self.plan, self.decoder
+        sh = plan.share(epoch)
+        shapes = plan.shapes_of(epoch)
+        share = sh.packets
+        pos, tok, done, upto = 0, 0, 0, 0
+        have = self._reached.get(epoch)
+        if have is not None and have[2] <= batch:
+            pos, tok, done, upto = have
+        never = lambda: False  # noqa: E731 - the wait for the count is never abandoned
+        if plan.mode != "packed":  # by the index: to the batch itself
+            while done < batch:
+                nxt = plan_chunk(plan.mode, sh, shapes, pos, tok, done, batch - done, never)
+                if nxt is None:
+                    break
+                pos = plan.chunk_end(share, pos, 0, nxt.size, nxt.shape, nxt.budget)
+                done += nxt.size
+            upto = pos
+        while True:
+            want = 1 if done >= batch else batch - done
+            nxt = plan_chunk(plan.mode, sh, shapes, pos, tok, done,
+                             min(want, dec.per_chunk(*shapes.at(done))), never)
+            if nxt is None:
+                raise StepError(f"epoch {epoch} ended after {done:,} batches on rank "
+                                f"{plan.rank}: batch {batch} is past it")
+            chunk = dec.decode(self.slot, share, pos, tok, upto, nxt.size, nxt.own_end,
+                               nxt.shape, nxt.budget, build=False)
+            layout = chunk.layout
+            if not layout.n:
+                raise StepError(f"epoch {epoch} ended after {done:,} batches on rank "
+                                f"{plan.rank}: batch {batch} is past it")
+            if done + layout.n > batch:
+                self._reached[epoch] = (pos, tok, done, upto)
+                return chunk, batch - done
+            done += layout.n
+            upto = (pos + layout.packets_used if plan.mode == "packed"
+                    else int(layout.pos[-1]))
+            pos, tok = int(layout.pos[-1]), int(layout.tok[-1])
+
+
+def _describe(out: Explanation, chunk: Any, i: int, engine: CpuEngine, corpus: Any) -> None:
+    """Fill ``out`` with batch ``i`` of ``chunk``: its pieces and drops."""
+    st, layout = chunk.started, chunk.layout
+    verdicts = engine.read_verdicts(st.slot, st.staged.n)
+    tokens = tokens_of(verdicts)
+    mode, (B, T) = out.mode, st.shape
+    build = layout.build
+    pieces: list[tuple[int, int, int, int, int]] = []  # row, col, chunk packet, start, stop
+    if mode == "padded":
+        a, b = layout.rows["input_ids"][i:i + 2]
+        for r, k in enumerate(build["row_packet"][a:b].tolist()):
+            pieces.append((r, 0, k, 0, min(int(tokens[k]), T)))
+        out.rows = int(b - a)
+    elif mode == "packing":
+        a, b = layout.rows["input_ids"][i:i + 2]
+        row_docs = build["row_docs"]
+        for r in range(int(a), int(b)):
+            for d in range(int(row_docs[r]), int(row_docs[r + 1])):
+                pieces.append((r - int(a), int(build["doc_col"][d]), int(build["doc_packet"][d]),
+                               0, int(build["doc_len"][d])))
+        out.rows = int(b - a)
+    else:
+        rows, cum, start = build["rows"], build["cum"], int(build["start"])
+        for w in range(i * B, (i + 1) * B):
+            s = start + w * T
+            e = s + T + 1  # the window's T + 1 tokens: x its first T, y its last T
+            j = int(np.searchsorted(cum, s, side="right")) - 1
+            while j < rows.shape[0] and cum[j] < e:
+                a = max(s - int(cum[j]), 0)
+                pieces.append((w - i * B, int(cum[j]) + a - s, int(rows[j]), a,
+                               min(e - int(cum[j]), int(cum[j + 1] - cum[j]))))
+                j += 1
+        out.rows = B
+    ex = st.ex
+    place = (lambda k: st.pos + int(ex.place_of[k])) if ex is not None else (
+        lambda k: st.pos + int(k))
+    lo, hi = (int(v) for v in layout.ranges[i])
+    bad = [k for k in np.flatnonzero(verdicts < 0).tolist() if lo <= place(k) < hi]
+    ks = sorted({p[2] for p in pieces} | set(bad))
+    where = _where(corpus, st.packets, ks)
+    out.pieces = [Piece(r, c, place(k), *where[k], s, e) for r, c, k, s, e in pieces]
+    out.dropped = [Dropped(place(k), *where[k][:3],
+                           DropReason(int(status_of(verdicts[k:k + 1])[0])).name)
+                   for k in bad]
+
+
+def _where(corpus: Any, packets: np.ndarray, ks: list[int]) -> dict[int, tuple]:
+    """Chunk packet ``k`` -> (packet, shard path, offset, src, dst, typ)."""
+    if not ks:
+        return {}
+    glob = np.asarray(packets, np.int64)[np.asarray(ks, np.int64)]
+    shard = corpus.shard_of(glob)
+    entries = corpus.entries_at(glob, shard)
+    return {k: (int(g), str(corpus.paths[int(s)]), int(en["offset"]), int(en["src"]),
+                int(en["dst"]), int(en["typ"]))
+            for k, g, s, en in zip(ks, glob.tolist(), shard.tolist(), entries)}
+
+
+class ExplainViews:
+    """``Loader.explain`` (the Loader gives ``plan`` and ``vocab_size``)."""
+
+    plan: Any
+    vocab_size: int
+    _explainer: Explainer | None = None
+
+    def explain(self, step: int, *, epoch: int | None = None) -> Explanation:
+        """Which packets make (or made) run step ``step`` of this rank: per row, the pieces of
+        packets it holds (shard, packet, byte offset, SRC/DST/TYP, tokens used), and what it
+        dropped and why (``ndp.loader.explain``). With ``epoch``, ``step`` is the batch's
+        number in that epoch. Past or future steps alike, on the CPU, apart from the running
+        loop; equal to what the loop delivers. ``StepError`` for a step the run has not."""
+        have = self._explainer
+        if have is None or not have.fits(self.plan):
+            if have is not None:
+                have.close()
+            have = self._explainer = Explainer(self.plan, vocab=self.vocab_size)
+        return have.explain(step, epoch=epoch)
