@@ -32,6 +32,7 @@ from ndp.errors import (
     RecordError,
     RemoteError,
     ShardFormatError,
+    StepError,
     TokenizerError,
     UnsupportedVersionError,
 )
@@ -52,7 +53,7 @@ __all__ = [
     "ManifestError", "CpuDecoder", "Decoder", "Loader", "LoaderStats", "NDPDataset",
     "QubGPUDataset", "resolve_backend", "DecodeStats", "DropReason", "Dst", "Index", "IndexMismatchError",
     "NDPError", "PackedBatch", "Packet", "PacketError", "PaddedBatch", "PaddedBuffers",
-    "RecordError", "Schedule", "Shard", "ShardFormatError", "ShardWriter", "Src", "StreamExhausted",
+    "RecordError", "Schedule", "Shard", "ShardFormatError", "ShardWriter", "Src", "StepError", "StreamExhausted",
     "TokenizerError", "Typ", "UnsupportedVersionError", "__version__", "build_index",
     "crc16_ccitt", "decode_packed", "decode_padded", "decode_packet", "encode_packet",
     "encode_tokens", "load_index", "max_tokens_per_packet", "scan", "scan_shard", "validate",

@@ -102,6 +102,11 @@ class LoaderUsageError(NDPError, RuntimeError):
     ``close()``."""
 
 
+class StepError(LoaderUsageError):
+    """A step no batch of the run has (``Loader.explain``, skip ranges): past the run's end or
+    its epoch, or before the epoch the run resumed in."""
+
+
 class TokenFileError(NDPError):
     """A token file (llm.c, llm.q or raw uint16) is malformed or not what its format says.
 

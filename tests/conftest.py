@@ -475,3 +475,21 @@ def run_markdown(blocks: list[tuple[str, str]], namespace: dict, name: str) -> N
             argv = shlex.split(line)
             assert argv[0] == "ndp", f"{name} block {i}: a shell line the test cannot run: {line}"
             assert main(argv[1:]) == 0, f"{name} block {i}: {line} failed"
+
+
+# ------------------------------------------------------- a small real tokenizer, once a session
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> str:
+    """Trained the way ``ndp demo`` trains its own."""
+    from ndp.cli.demo import stdlib_files, train_tokenizer
+
+    texts = [p.read_text(encoding="utf-8") for p in stdlib_files(40)]
+    return str(train_tokenizer(texts, tmp_path_factory.mktemp("tok"), vocab_size=1024))
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(tokenizer_dir):
+    from ndp.convert import load_tokenizer
+
+    return load_tokenizer(tokenizer_dir)
+

@@ -1,5 +1,6 @@
-"""The ``ndp`` command line: convert, export, index, inspect, verify, demo (argument parsing
-and exit statuses here; each command's work in ``ndp.cli.commands``).
+"""The ``ndp`` command line: convert, export, index, inspect, verify, demo, explain (argument
+parsing and exit statuses here; each command's work in ``ndp.cli.commands``, explain's in
+``ndp.cli.explain``).
 
 Environment and logging are set up here, at the entry point, never at import of the library.
 Exit status: 0 success, 1 a check failed (verify or inspect found damage, or a file that holds
@@ -17,7 +18,7 @@ import os
 import re
 import sys
 
-from ndp.cli import commands
+from ndp.cli import commands, explain
 from ndp.errors import ConvertError, NDPError
 from ndp.wire.format import Dst, Src
 
@@ -25,6 +26,10 @@ from ndp.wire.format import Dst, Src
 #: options that set them; `name=value` becomes "--option value" (`overwrite=True`: --overwrite)
 OPTIONS = {
     "batch_size": "--batch-size",
+    "batch_tokens": "--batch-tokens",
+    "seq_len": "--seq-len",
+    "crc_drop_rate": "--crc-drop-rate",
+    "world_size": "--world-size",
     "cache_dir": "--cache-dir",
     "eos_token_id": "--eos-id",
     "fmt": "--format",
@@ -257,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=commands.run_demo)
+    explain.add(sub)
     for command in sub.choices.values():
         command.formatter_class = _Help
     return parser

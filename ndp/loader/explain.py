@@ -24,6 +24,7 @@ In ``packed`` mode a row is a window of ``seq_len + 1`` tokens: ``x`` is its fir
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from dataclasses import asdict, dataclass, field
@@ -32,18 +33,15 @@ from typing import Any
 import numpy as np
 
 from ndp.engine.cpu import CpuEngine, Slot
-from ndp.errors import LoaderUsageError
+from ndp.errors import StepError
 from ndp.kernels.verdict import NO_VOCAB, status_of, tokens_of
+from ndp.store.columns import tokens_of as tokens_of_entries
+from ndp.loader import units
 from ndp.loader.ahead import plan_chunk
 from ndp.loader.chunks import ChunkDecoder, batches_per_chunk
 from ndp.loader.stage import HostStager
 from ndp.wire.format import DropReason
 from ndp.wire.packet import decode_packet
-
-
-class StepError(LoaderUsageError):
-    """A step no batch of this run has: past the run's end or its epoch, or before the epoch
-    the run resumed in."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +117,10 @@ class Explanation:
         return json.dumps(self.to_dict(), indent=1)
 
 
+#: the most epochs ``locate`` counts its way through to find a run step's epoch
+MAX_EPOCHS_AHEAD = 1000
+
+
 class Explainer:
     """A Loader's explanations: its plan's variant, a CPU decoder over its corpus, and the
     last place reached per epoch (explaining step after step reads each packet once)."""
@@ -138,6 +140,7 @@ class Explainer:
                                     pad_token_id=0, per_chunk=batches_per_chunk("cpu", None),
                                     vocab=vocab or NO_VOCAB)
         self.slot = Slot(0)
+        self._orders: dict[int, Any] = {}  # epoch: its RankOrder, entries ``_Held``
         self._reached: dict[int, tuple[int, int, int, int]] = {}  # epoch: pos, tok, batch,
         # counted_upto at a chunk's start
         self._lock = threading.Lock()
@@ -172,7 +175,7 @@ class Explainer:
             raise StepError(f"step {step} is before the epoch this run resumed in (epoch "
                             f"{first}, from step {plan._starts[first]:,}): a Loader resumed "
                             f"later does not know where earlier epochs began")
-        e = max(known)
+        e = first = max(known)
         while True:
             start, n = plan.start_step(e), plan.run_batches(e)
             if step < start + n:
@@ -181,6 +184,10 @@ class Explainer:
                 raise StepError(f"step {step} is past the run's end (step {start + n:,}: "
                                 f"max_steps={plan.max_steps})")
             e += 1
+            if e - first > MAX_EPOCHS_AHEAD:  # each epoch between is counted to get there
+                raise StepError(f"step {step:,} lies more than {MAX_EPOCHS_AHEAD:,} epochs "
+                                f"past epoch {first} (step {plan.start_step(first):,}): "
+                                f"name its epoch (epoch=) to explain it")
 
     def _start(self, epoch: int) -> int:
         try:
@@ -206,6 +213,11 @@ class Explainer:
         sh = plan.share(epoch)
         shapes = plan.shapes_of(epoch)
         share = sh.packets
+        if getattr(share, "tables", None) is not None:  # a RankOrder: its entries gathered
+            share = self._orders.get(epoch)  # a range at a time, not a window's table built
+            if share is None or share.windows is not sh.packets.windows:
+                share = self._orders[epoch] = _Held.over(sh.packets, plan)
+            plan.share_tokens = share.tables.share_tokens
         pos, tok, done, upto = 0, 0, 0, 0
         have = self._reached.get(epoch)
         if have is not None and have[2] <= batch:
@@ -239,6 +251,66 @@ class Explainer:
             upto = (pos + layout.packets_used if plan.mode == "packed"
                     else int(layout.pos[-1]))
             pos, tok = int(layout.pos[-1]), int(layout.tok[-1])
+
+
+class _Held:
+    """The explainer's share's entries (``ShareEntries``' place, as ``ChunkDecoder.start`` and
+    ``share_tokens`` ask it): those of a range of share positions in one gather, each shard's
+    index read once (not a window's table, seconds at 1e8 documents, nor the Loader's blocks,
+    which read every shard's index again per block with no table), the last range kept and
+    grown ahead as the positions asked for move on."""
+
+    MOST = 1 << 22  # positions gathered at once, at most (64 MB of entries)
+
+    def __init__(self, order: Any, walk: Any, corpus: Any, mode: str) -> None:
+        self.order, self.walk, self.corpus, self.mode = order, walk, corpus, mode
+        self.a = self.b = 0
+        self.got: tuple = ()
+
+    def _range(self, a: int, b: int) -> tuple:
+        if a < self.a or b > self.b:
+            grow = min(max(2 * (self.b - self.a), 4096), self.MOST)
+            lo, hi = a, min(self.order.shape[0], max(b, a + grow))
+            packets, shards = self.walk.with_shards(lo, hi)
+            if shards is None:
+                shards = self.corpus.shard_of(packets)
+            entries = self.corpus.entries_at(packets, shards)
+            toks = tokens_of_entries(entries["length"], entries["typ"]).astype(np.int64)
+            if units.active(self.corpus, self.mode):  # a place's tokens: its document's
+                toks = units.place_tokens(self.corpus, packets, toks)
+            self.a, self.b, self.got = lo, hi, (packets, shards, entries, toks)
+        return tuple(x[a - self.a:b - self.a] for x in self.got)
+
+    @classmethod
+    def over(cls, order: Any, plan: Any) -> Any:
+        """A copy of the RankOrder ``order`` whose entries are held so."""
+        walk = copy.copy(order)
+        walk.tables = None  # walks the order itself
+        mine = copy.copy(order)
+        mine.tables = cls(mine, walk, plan.corpus, plan.mode)
+        return mine
+
+    def entries(self, a: int, b: int) -> np.ndarray:
+        return self._range(a, b)[2]
+
+    def packets(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._range(a, b)[:2]
+
+    def clear(self) -> None:
+        self.a = self.b = 0
+        self.got = ()
+
+    def share_tokens(self, share: Any, a: int, b: int) -> np.ndarray:
+        """``Reach.share_tokens`` for this share (the plan's, replaced)."""
+        b = min(b, share.shape[0])
+        if b <= a:
+            return np.zeros(0, np.int64)
+        if share is not self.order:  # not a RankOrder's: as the Loader gathers
+            packets = np.asarray(share[a:b], np.int64)
+            toks = np.asarray(self.corpus.tokens[packets], np.int64)
+            return (units.place_tokens(self.corpus, packets, toks)
+                    if units.active(self.corpus, self.mode) else toks)
+        return self._range(a, b)[3]
 
 
 def _describe(out: Explanation, chunk: Any, i: int, engine: CpuEngine, corpus: Any) -> None:

@@ -21,9 +21,10 @@ import golden  # noqa: E402
 from test_units import documents, write  # noqa: E402
 
 import ndp  # noqa: E402
-from ndp.loader.explain import StepError  # noqa: E402
+from ndp.errors import StepError  # noqa: E402
 
-RUNS = ("rank1of3", "mix", "elastic3")
+#: "lazy": no CRC-Drop, so the share is read place by place (a ``RankOrder``), as at scale
+RUNS = ("rank1of3", "mix", "elastic3", "lazy")
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,8 @@ def make(datasets, mode, name, backend="cpu", **over):
         loader = ndp.Loader(datasets["main"], rank=0, world_size=3, **kw)
         loader.load_state_dict(saved)
         return loader
+    if name == "lazy":
+        return ndp.Loader(datasets["main"], rank=2, world_size=3, **(kw | {"crc_drop_rate": 0}))
     return ndp.Loader(datasets["main"], rank=int(name[4]), world_size=int(name[-1]), **kw)
 
 
@@ -105,6 +108,7 @@ def check_epoch(loader, mode):
 @pytest.mark.parametrize("mode", golden.MODES)
 def test_explain_equals_every_delivered_row(datasets, mode, name):
     with make(datasets, mode, name) as loader:
+        assert (type(loader.plan.share(0).packets).__name__ == "RankOrder") == (name == "lazy")
         drops = check_epoch(loader, mode)
         corrupt = loader.stats.corrupt
     assert sum(corrupt.values()) > 0  # the damaged packets were met
@@ -125,6 +129,8 @@ def test_future_steps_and_later_epochs_are_explained_before_they_come(datasets, 
     batch-shape schedule (padded, packed) or a token budget (packing) across the epochs."""
     over = ({"batch_tokens": 96, "batch_size": None} if mode == "packing" else
             {"seq_len": ndp.Schedule([(0, 16), (20, 24)])})
+    if mode != "padded":  # a share read place by place (``RankOrder``) across two epochs
+        over["crc_drop_rate"] = 0
     with make(datasets, mode, "rank0of2", **over) as loader:
         total = len(loader)
         ahead = [loader.explain(s) for s in range(total + 5)]
