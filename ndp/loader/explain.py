@@ -79,7 +79,7 @@ class Dropped:
 class Explanation:
     """What made run step ``step`` (batch ``batch`` of epoch ``epoch``) of rank ``rank``:
     ``rows`` rows (windows in packed mode) of ``seq_len`` columns, made of ``pieces``; the
-    packets it ``dropped``."""
+    packets it ``dropped``; whether the run ``skipped`` it."""
 
     step: int
     epoch: int
@@ -91,6 +91,9 @@ class Explanation:
     seq_len: int
     pieces: list[Piece] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
+    #: the step lies in a skip range (``ndp.loader.skips``): the batch the order has there,
+    #: which the Loader does not hand out
+    skipped: bool = False
 
     def row(self, r: int) -> list[Piece]:
         """The pieces of row ``r``, in column order."""
@@ -205,6 +208,7 @@ class Explainer:
             out = Explanation(run_step, epoch, batch, plan.rank, plan.world_size, plan.mode,
                               0, T)
             _describe(out, chunk, i, self.engine, plan.corpus)
+            out.skipped = any(a <= run_step < b for a, b in self.source.skips)
             return out
 
     def _find(self, epoch: int, batch: int) -> tuple[Any, int]:

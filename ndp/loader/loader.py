@@ -98,6 +98,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ndp.engine.backend import resolve_backend
+from ndp.loader.checkpoint import CheckpointMethods
 from ndp.loader.chunks import ChunkDecoder, batches_per_chunk
 from ndp.loader.explain import ExplainViews
 from ndp.loader.running import LIVE, ProducerThread, refuse_if_forked
@@ -105,29 +106,23 @@ from ndp.store.corpus import Corpus
 from ndp.engine.cpu import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
 from ndp.errors import LoaderUsageError, past_aliases
-from ndp.loader import units
+from ndp.loader import skips, units
 from ndp.loader.options import (  # noqa: F401 - MODES
     MODES, check_cache_limit, check_options, check_world, data_name, no_batch)
-from ndp.loader.order import ORDER, WINDOW_BYTES, check_window, rank_and_world
+from ndp.loader.order import WINDOW_BYTES, check_window, rank_and_world
 from ndp.loader.plan import Plan
 from ndp.loader.producer import EPOCH_END, Producer
 from ndp.progress import progress_bar
 from ndp.loader.schedule import Schedule
 from ndp.loader.serve import Ring
 from ndp.loader.shapes import from_setting, setting, shape_schedule
-from ndp.loader.resume import resume
-from ndp.loader.state import seal
 from ndp.loader.steps import StepViews
 from ndp.loader.stats import LoaderStats
 from ndp.loader.taken import Taken, TakenViews
+from ndp.loader.telemetry import Waits, telemetry
 from ndp.loader.truncation import CutReport
 
-#: 2: with the dataset's fingerprint; 3: with the batch number in the epoch; 4: with the order;
-#: 5: with the run's step (``Loader.step``), and batch shapes that may be schedules
-STATE_VERSION = 5
-
-
-class Loader(TakenViews, StepViews, ExplainViews):
+class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
     """Batches from NDP shards; see the module docstring for modes, order and validity."""
 
     def __init__(
@@ -163,6 +158,7 @@ class Loader(TakenViews, StepViews, ExplainViews):
         device: int | None = None,
         batch_tokens: int | Schedule | None = None,
         max_steps: int | None = None,
+        skip: Sequence[tuple[int, int]] | None = None,
     ) -> None:
         check_options(mode=mode, batch_size=batch_size, seq_len=seq_len,
                       batch_tokens=batch_tokens, prefetch=prefetch,
@@ -208,6 +204,7 @@ class Loader(TakenViews, StepViews, ExplainViews):
                          crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by,
                          mix_size=mix_size, shuffle_window=shuffle_window)
         self.plan.max_steps = None if max_steps is None else int(max_steps)
+        self.plan.skips = skips.check_skip(skip)  # run steps left out (``ndp.loader.skips``)
         if self.backend == "cuda":
             from ndp.engine.cuda import CudaEngine
             from ndp.loader.device_shards import DeviceShards
@@ -240,47 +237,13 @@ class Loader(TakenViews, StepViews, ExplainViews):
         #: the state and stats of what the consumer took, kept lazily (``ndp.loader.taken``)
         self._taken = Taken({"epoch": 0, "pos": 0, "tok": 0, "batch": 0}, stats)
         self._cut = CutReport(self.plan, stats)  # padded rows cut: counted, warned
+        self._waits = Waits()  # each wait of next() for a chunk (``ndp.loader.telemetry``)
         self._running = ProducerThread(self._producer, self._ring, self.plan, prefetch)
         self._lock = threading.Lock()
         self._active: object | None = None  # the loop iterating, one at a time
         self._pid = os.getpid()
         #: the process this Loader's running threads were left in by a fork (``_forked``)
         self._forked_from: int | None = None
-
-    # ----------------------------------------------------------------------- state / resume
-    def state_dict(self) -> dict:
-        """Where the consumer is: the next batch after ``load_state_dict`` of this is the one
-        the consumer would have received next. Small and JSON-serialisable."""
-        return seal({"version": STATE_VERSION, "mode": self.mode, "seed": self.seed,
-                "shuffle": self.shuffle, "rank": self.rank, "world_size": self.world_size,
-                **self._shape_settings, "step": self.step,
-                "crc_drop_rate": self.crc_drop_rate, **self.plan.dataset_of(self._state["epoch"]),
-                "mix": self.plan.mix_spec, "mix_size": self.plan.mix_size, "order": ORDER,
-                "shuffle_window": self.plan.shuffle_window, "vocab_size": self.vocab_size,
-                **self._elastic_record(), **self._state})
-
-    def _elastic_record(self) -> dict:
-        rest = self.plan.elastic
-        if rest is None or rest.epoch != self._state["epoch"]:
-            return {}
-        return {"elastic": rest.record}
-
-    def load_state_dict(self, state: dict | list[dict], *, elastic: bool = False) -> None:
-        """Continue from ``state`` (from ``state_dict``). ``LoaderStateError`` (a
-        ``ConfigError``) if it was made for another dataset (its fingerprint) or configuration,
-        since its positions would mean other packets, or if its positions lie outside the epoch
-        it names; the message says which field and why.
-
-        Elastic resume (``ndp.loader.elastic``): the states of every rank of a run with another
-        ``world_size``, as a list, continue its epoch on this run's ranks, each remaining packet
-        once (one is enough in padded and packing mode, with ``elastic=True``); a state with
-        other batch shapes or another mix goes on so too, with a warning, and one made before
-        shards were appended goes on over those it began with (``ndp.store.growth``)."""
-        resumed = resume(self.plan, state, self.state_dict(), elastic=elastic)
-        self._active = None
-        self._stop_producer()
-        self.plan.go_on(resumed)  # stops the plan's thread first
-        self._state = resumed.position
 
     def __len__(self) -> int:
         """Batches this rank delivers in the whole current epoch (the one the next loop
@@ -293,8 +256,9 @@ class Loader(TakenViews, StepViews, ExplainViews):
         With ``mix=`` it may differ from epoch to epoch. An int ``mix_size`` fixes it in
         ``padded`` mode only: it fixes an epoch's packets, ``batch_size`` to a padded batch;
         ``packed`` and ``packing`` batches follow the tokens of each epoch's packets. With
-        ``max_steps`` an epoch counts the batches before the run's end."""
-        return self.plan.run_batches(self.epoch)
+        ``max_steps`` an epoch counts the batches before the run's end, with ``skip`` those
+        it does not skip (``ndp.loader.skips``)."""
+        return self.plan.kept_batches(self.epoch)
 
     # ----------------------------------------------------------------------------- iterate
     def __iter__(self) -> Iterator[dict]:
@@ -331,7 +295,9 @@ class Loader(TakenViews, StepViews, ExplainViews):
                             "start a new loop to go on from where it stopped")
                     t = time.perf_counter()
                     item = self._get()
-                    taken.settle().wait_seconds += time.perf_counter() - t
+                    waited = time.perf_counter() - t
+                    taken.settle().wait_seconds += waited
+                    self._waits.add(waited)
                     if item[0] is EPOCH_END:
                         self._cut.end()
                         ended = self.epoch
@@ -348,12 +314,16 @@ class Loader(TakenViews, StepViews, ExplainViews):
                                 share=self.plan.share(ended).length)
                         return
                     _, epoch, chunk = item
-                    taken.begin(epoch, chunk.layout)
+                    left = skips.mask(self.plan.skips, self.plan.start_step(epoch)
+                                      + chunk.layout.first, chunk.layout.n)
+                    taken.begin(epoch, chunk.layout, left)
                     self._cut.poll()
                     for batch in self._ring.serve(chunk.slot, chunk.layout):
                         if limited and self.plan.ended(self.step):  # the run's end
                             return
                         taken.n += 1  # the state and stats follow from it when read
+                        if left is not None and left[taken.n - 1]:
+                            continue  # a skipped step (``ndp.loader.skips``): counted
                         if self.progress:
                             if not sized and self.plan.counted(epoch):
                                 sized, bar.total = True, len(self)
@@ -364,6 +334,13 @@ class Loader(TakenViews, StepViews, ExplainViews):
                 self._active = None
                 if not finished:  # left early (break, exception, garbage collection)
                     self._stop_producer()
+
+    def telemetry(self) -> dict:
+        """This rank's figures for a dashboard: ``next()``'s waits (p50, p99, max, a
+        histogram), tokens/s, drops by reason, batches left, ndp's threads' CPU seconds; the
+        same numbers as ``stats`` (``ndp.loader.telemetry``; exported by
+        ``ndp.serve_metrics`` and ``ndp.telemetry_scalars``)."""
+        return telemetry(self)
 
     def _where(self) -> str:
         return data_name(self.corpus)

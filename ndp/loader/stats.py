@@ -49,6 +49,11 @@ class LoaderStats:
     corrupt_bytes: int = 0
     #: padded mode: batches with no row, every packet of them dropped (warned about once)
     empty_batches: int = 0
+    #: steps left out by skip ranges (``ndp.loader.skips``): their batches, the packets those
+    #: took and the tokens they held (their corrupt packets are in ``corrupt`` too)
+    skipped_batches: int = 0
+    skipped_packets: int = 0
+    skipped_tokens: int = 0
     _warned_empty: bool = field(default=False, repr=False, compare=False)
 
     def add(self, other: dict) -> None:
@@ -95,6 +100,19 @@ class LoaderStats:
             self.batches -= first
         self.batches += rows.shape[0]
 
+    def add_skipped(self, rows: np.ndarray) -> None:
+        """Add batches of skipped steps (rows of ``Layout.counts``): counted as skipped, not
+        delivered; what was corrupt among their packets is counted all the same."""
+        sums = rows.sum(axis=0).tolist()
+        self.skipped_batches += rows.shape[0]
+        self.skipped_packets += sums[PACKETS]
+        self.skipped_tokens += sums[TOKENS]
+        self.dropped_on_purpose += sums[ON_PURPOSE]
+        if any(sums[len(COUNTS):]):
+            for name, n in zip(REASONS, sums[len(COUNTS):]):
+                if n:
+                    self.corrupt[name] = self.corrupt.get(name, 0) + n
+
     def _empty(self, n: int) -> None:
         self.empty_batches += n
         if not self._warned_empty:
@@ -117,6 +135,8 @@ class LoaderStats:
             "repeated": self.repeated, "wait_seconds": round(self.wait_seconds, 6),
             "corrupt_regions": self.corrupt_regions, "corrupt_bytes": self.corrupt_bytes,
             "empty_batches": self.empty_batches,
+            **({"skipped_batches": self.skipped_batches, "skipped_packets": self.skipped_packets,
+                "skipped_tokens": self.skipped_tokens} if self.skipped_batches else {}),
             "sources": dict(self.sources), "mix_unused": dict(self.mix_unused),
             "mix_repeated": dict(self.mix_repeated),
         }

@@ -13,6 +13,7 @@ from typing import Any
 
 from ndp.errors import LoaderUsageError
 from ndp.loader.shapes import Shapes
+from ndp.loader.skips import skipped
 
 
 class RunSteps:
@@ -23,6 +24,8 @@ class RunSteps:
     epoch_batches: Any
     #: the run's last step plus one (``max_steps``), or None: a run of as many epochs as asked
     max_steps: int | None = None
+    #: run steps whose batches are left out (``ndp.loader.skips``)
+    skips: tuple[tuple[int, int], ...] = ()
 
     def run_batches(self, epoch: int) -> int:
         """Batches ``epoch`` delivers in this run: all of them, or those before the run's end
@@ -31,6 +34,15 @@ class RunSteps:
         if self.max_steps is None:
             return n
         return max(0, min(n, self.max_steps - self.start_step(epoch)))
+
+    def kept_batches(self, epoch: int) -> int:
+        """``run_batches(epoch)`` less the steps the plan's skip ranges leave out
+        (``ndp.loader.skips``): the batches a loop over the epoch yields."""
+        n = self.run_batches(epoch)
+        if not self.skips:
+            return n
+        start = self.start_step(epoch)
+        return n - skipped(self.skips, start, start + n)
 
     def ended(self, step: int) -> bool:
         """Whether run step ``step`` is at or past the run's end."""
@@ -88,8 +100,12 @@ class StepViews:
     def remaining(self) -> int:
         """Batches this rank still delivers in the current epoch: ``len(loader)`` at an
         epoch's start, the rest after ``load_state_dict`` of a state saved mid-epoch, one less
-        per batch a loop takes."""
-        return len(self) - self._state["batch"]
+        per batch a loop takes (skipped steps aside)."""
+        batch = self._state["batch"]
+        if not self.plan.skips:
+            return len(self) - batch
+        start = self.plan.start_step(self.epoch)
+        return len(self) - batch + skipped(self.plan.skips, start, start + batch)
 
     @property
     def max_steps(self) -> int | None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from ndp.loader.layout import Layout
 from ndp.loader.stats import LoaderStats
 
@@ -23,7 +25,7 @@ _NONE = Layout(0, {}, *(None,) * 4)  # no chunk taken yet
 class Taken:
     """The chunk being served and how many of its batches were taken (module docstring)."""
 
-    __slots__ = ("base", "_stats", "epoch", "layout", "n", "settled", "_lock")
+    __slots__ = ("base", "_stats", "epoch", "layout", "n", "settled", "_lock", "skipped")
 
     def __init__(self, state: dict, stats: LoaderStats) -> None:
         self.base = state  # the state before the chunk's first batch
@@ -35,14 +37,17 @@ class Taken:
         self.layout = _NONE
         self.n = 0  # batches of ``layout`` handed out
         self.settled = 0  # of those, added to the stats
+        self.skipped = None  # which of the layout's batches are skipped steps (or None)
 
-    def begin(self, epoch: int, layout: Layout) -> None:
-        """The consumer takes a new chunk of ``epoch``."""
+    def begin(self, epoch: int, layout: Layout, skipped: np.ndarray | None = None) -> None:
+        """The consumer takes a new chunk of ``epoch``; ``skipped``: which of its batches are
+        skipped steps (``ndp.loader.skips``), passed over and counted as such."""
         with self._lock:
             self._settle()
             if self.n:
                 self.base = self._last()
             self.epoch, self.layout, self.n, self.settled = epoch, layout, 0, 0
+            self.skipped = skipped
 
     def _last(self) -> dict:
         return {"epoch": self.epoch, **self.layout.state(self.n - 1)}
@@ -59,6 +64,7 @@ class Taken:
         with self._lock:
             self._settle()
             self.layout, self.n, self.settled, self.base = _NONE, 0, 0, state
+            self.skipped = None
 
     def settle(self) -> LoaderStats:
         """The stats, with every batch taken so far counted."""
@@ -70,8 +76,16 @@ class Taken:
         a, b = self.settled, self.n
         if a < b:
             layout = self.layout
-            extra = layout.extra
-            if extra:  # a mix's sources: batch by batch (their order of first counting)
+            extra, skipped = layout.extra, self.skipped
+            if skipped is not None and skipped[a:b].any():  # batch by batch, as taken
+                for i in range(a, b):
+                    if skipped[i]:
+                        stats.add_skipped(layout.counts[i:i + 1])
+                    else:
+                        stats.add_counts(layout.counts[i:i + 1])
+                        if i in extra:
+                            stats.add(extra[i])
+            elif extra:  # a mix's sources: batch by batch (their order of first counting)
                 for i in range(a, b):
                     stats.add_counts(layout.counts[i:i + 1])
                     if i in extra:
