@@ -40,6 +40,7 @@ from ndp.wire.format import DropReason, Dst, Src, Typ, max_tokens_per_packet
 from ndp.store.index import Index, build_index, load_index, scan, scan_shard
 from ndp.loader.loader import Loader, LoaderStats
 from ndp.loader.schedule import Schedule
+from ndp.loader.metrics import serve_metrics, telemetry_scalars
 from ndp.wire.packet import Packet, crc16_ccitt, decode_packet, encode_packet, encode_tokens
 from ndp.store.remote import RemoteDataset
 from ndp.store.shard import Shard
@@ -56,5 +57,5 @@ __all__ = [
     "RecordError", "Schedule", "Shard", "ShardFormatError", "ShardWriter", "Src", "StepError", "StreamExhausted",
     "TokenizerError", "Typ", "UnsupportedVersionError", "__version__", "build_index",
     "crc16_ccitt", "decode_packed", "decode_padded", "decode_packet", "encode_packet",
-    "encode_tokens", "load_index", "max_tokens_per_packet", "scan", "scan_shard", "validate",
+    "encode_tokens", "load_index", "max_tokens_per_packet", "scan", "scan_shard", "serve_metrics", "telemetry_scalars", "validate",
 ]

@@ -6,8 +6,10 @@ counts each epoch's batches while it is delivered and shares that count across a
 (``share_entries``, built ahead by ``warm``), stages bytes where the decoder reads them
 (``stage`` on the host, ``device_shards`` on a GPU), decodes a chunk of batches at a time
 (``chunks``, ``layout``, ``packing``) on a producer thread (``producer``, ``running``), and
-serves them to the training loop (``serve``), with resume states (``state``) and what it
-delivered (``stats``, ``truncation``).
+serves them to the training loop (``serve``), with resume states (``state``, ``checkpoint``)
+and what it delivered (``stats``, ``truncation``, ``taken``). Accountability: which packets
+made any step (``explain``), steps left out (``skips``), and the figures a job watches
+(``telemetry``, exported by ``metrics``).
 
 Imports the engines, storage, the wire format and ``ndp.errors``; torch only in ``serve``,
 through ``ndp.adapters.torch``, when batches are asked for as tensors.
