@@ -45,7 +45,8 @@ class CheckpointMethods:
                      **plan.dataset_of(self._state["epoch"]),
                      "mix": plan.mix_spec, "mix_size": plan.mix_size, "order": ORDER,
                      "shuffle_window": plan.shuffle_window, "vocab_size": self.vocab_size,
-                     **self._elastic_record(), **skips.record(plan.skips), **self._state})
+                     **self._elastic_record(),
+                     **skips.record(plan.skips, plan.skip_packets), **self._state})
 
     def _elastic_record(self) -> dict:
         rest = self.plan.elastic
@@ -54,7 +55,7 @@ class CheckpointMethods:
         return {"elastic": rest.record}
 
     def load_state_dict(self, state: dict | list[dict], *, elastic: bool = False,
-                        skip: Any = None) -> None:
+                        skip: Any = None, skip_packets: Any = None) -> None:
         """Continue from ``state`` (from ``state_dict``). ``LoaderStateError`` (a
         ``ConfigError``) if it was made for another dataset (its fingerprint) or configuration,
         since its positions would mean other packets, or if its positions lie outside the epoch
@@ -68,16 +69,19 @@ class CheckpointMethods:
 
         ``skip``: run steps to leave out from here on, ``[(a, b), ...]`` (``ndp.loader.skips``:
         the batches of steps ``a .. b-1``), besides those the state keeps and this Loader's
-        ``skip=``; a range given again is one."""
-        kept = self.plan.skips
+        ``skip=``; a range given again is one. ``skip_packets``: packets to leave out from
+        here on, by number (``Piece.packet``), besides those the state keeps."""
+        kept, packets, n = self.plan.skips, self.plan.skip_packets, self.plan.corpus.n_packets
         for one in state if isinstance(state, list) else [state]:
             if isinstance(one, dict):
                 kept = skips.joined(kept, skips.check_skip(one.get("skip"),
                                                            name="state's skip"))
+                packets = skips.joined_packets(packets, one.get("skip_packets"), n)
         kept = skips.joined(kept, skip)
+        packets = skips.joined_packets(packets, skip_packets, n)
         resumed = resume(self.plan, state, self.state_dict(), elastic=elastic)
         self._active = None
         self._stop_producer()
         self.plan.go_on(resumed)  # stops the plan's thread first
-        self.plan.skips = kept
+        self.plan.skips, self.plan.skip_packets = kept, packets
         self._state = resumed.position

@@ -22,6 +22,7 @@ from ndp.loader.layout import Layout, packed_layout, packing_layout, padded_layo
 from ndp.loader import units
 from ndp.loader.packing import budget_ends
 from ndp.loader.plan import Plan
+from ndp.wire.format import DropReason
 
 
 #: tokens per chunk by default: a GPU amortises its per-call cost over 64 batches of 64 x 1,024
@@ -64,6 +65,9 @@ class Started:
     entries: Any
     staged: Staged
     ex: units.Expanded | None
+    #: the verdicts the layout was made from (``lay_out``: the packets the run leaves out,
+    #: ``skip_packets``, dropped as ``SKIPPED``)
+    verdicts: np.ndarray | None = None
 
 
 @dataclass
@@ -180,8 +184,17 @@ class ChunkDecoder:
                        entries, staged, ex)
 
     def lay_out(self, st: Started, share: np.ndarray, counted_upto: int, most: int) -> Layout:
-        """Wait for ``st``'s verdicts and lay out its batches (at most ``most``)."""
+        """Wait for ``st``'s verdicts and lay out its batches (at most ``most``); a packet the
+        run leaves out (``Plan.skip_packets``, ``ndp.loader.skips``) is dropped as
+        ``SKIPPED``, on the host, where every layout is made from the verdicts."""
         verdicts = self.engine.read_verdicts(st.slot, st.staged.n)
+        leave = self.plan.skip_packets
+        if leave.shape[0]:
+            at = np.minimum(np.searchsorted(leave, st.packets), leave.shape[0] - 1)
+            hit = leave[at] == st.packets
+            if hit.any():
+                verdicts = np.where(hit, -int(DropReason.SKIPPED), verdicts)
+        st.verdicts = verdicts
         if not self.stager.checks_headers:  # an index matched by size alone: refuse a
             # lie, from the bytes staged on the host (a GPU's stage checks as it copies);
             # every entry passed its index's first-use check (``LazyIndex.read_at``)

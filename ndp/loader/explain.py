@@ -199,10 +199,16 @@ class Explainer:
             raise StepError(str(exc)) from None
 
     # ------------------------------------------------------------------------- the batch
-    def explain(self, step: int, *, epoch: int | None = None) -> Explanation:
+    def explain(self, step: int, *, epoch: int | None = None,
+                at: dict | None = None) -> Explanation:
+        """``at``: where the Loader stands (its state's epoch, pos, tok, batch), exact: a step
+        after it in its epoch is found from there, not from the epoch's start."""
         with self._lock:
             epoch, batch, run_step = self.locate(step, epoch)
-            chunk, i = self._find(epoch, batch)
+            start = None
+            if at is not None and at["epoch"] == epoch and at["batch"] <= batch:
+                start = (at["pos"], at["tok"], at["batch"], at["pos"])
+            chunk, i = self._find(epoch, batch, start)
             plan = self.plan
             B, T = chunk.started.shape
             out = Explanation(run_step, epoch, batch, plan.rank, plan.world_size, plan.mode,
@@ -211,8 +217,10 @@ class Explainer:
             out.skipped = any(a <= run_step < b for a, b in self.source.skips)
             return out
 
-    def _find(self, epoch: int, batch: int) -> tuple[Any, int]:
-        """The chunk (decoded without outputs) that holds ``batch``, and its index there."""
+    def _find(self, epoch: int, batch: int, start: tuple | None = None) -> tuple[Any, int]:
+        """The chunk (decoded without outputs) that holds ``batch``, and its index there;
+        found from the latest place known before it: the epoch's start, ``start`` (pos, tok,
+        batch, counted_upto), or the last chunk found."""
         plan, dec = self.plan, self.decoder
         sh = plan.share(epoch)
         shapes = plan.shapes_of(epoch)
@@ -223,9 +231,9 @@ class Explainer:
                 share = self._orders[epoch] = _Held.over(sh.packets, plan)
             plan.share_tokens = share.tables.share_tokens
         pos, tok, done, upto = 0, 0, 0, 0
-        have = self._reached.get(epoch)
-        if have is not None and have[2] <= batch:
-            pos, tok, done, upto = have
+        for have in (self._reached.get(epoch), start):
+            if have is not None and done < have[2] <= batch:
+                pos, tok, done, upto = have
         never = lambda: False  # noqa: E731 - the wait for the count is never abandoned
         if plan.mode != "packed":  # by the index: to the batch itself
             while done < batch:
@@ -320,7 +328,8 @@ class _Held:
 def _describe(out: Explanation, chunk: Any, i: int, engine: CpuEngine, corpus: Any) -> None:
     """Fill ``out`` with batch ``i`` of ``chunk``: its pieces and drops."""
     st, layout = chunk.started, chunk.layout
-    verdicts = engine.read_verdicts(st.slot, st.staged.n)
+    verdicts = st.verdicts if st.verdicts is not None else engine.read_verdicts(
+        st.slot, st.staged.n)
     tokens = tokens_of(verdicts)
     mode, (B, T) = out.mode, st.shape
     build = layout.build
@@ -380,6 +389,7 @@ class ExplainViews:
 
     plan: Any
     vocab_size: int
+    _state: dict
     _explainer: Explainer | None = None
 
     def explain(self, step: int, *, epoch: int | None = None) -> Explanation:
@@ -387,10 +397,15 @@ class ExplainViews:
         packets it holds (shard, packet, byte offset, SRC/DST/TYP, tokens used), and what it
         dropped and why (``ndp.loader.explain``). With ``epoch``, ``step`` is the batch's
         number in that epoch. Past or future steps alike, on the CPU, apart from the running
-        loop; equal to what the loop delivers. ``StepError`` for a step the run has not."""
+        loop; equal to what the loop delivers. A step after where the Loader stands (a loop's,
+        or a resumed state's) is found from there. ``StepError`` for a step the run has
+        not."""
         have = self._explainer
         if have is None or not have.fits(self.plan):
             if have is not None:
                 have.close()
             have = self._explainer = Explainer(self.plan, vocab=self.vocab_size)
-        return have.explain(step, epoch=epoch)
+        if have.plan.skip_packets is not self.plan.skip_packets:  # a resume named others:
+            have.plan.skip_packets = self.plan.skip_packets  # the same order, other verdicts
+            have._reached.clear()
+        return have.explain(step, epoch=epoch, at=self._state)

@@ -159,6 +159,7 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
         batch_tokens: int | Schedule | None = None,
         max_steps: int | None = None,
         skip: Sequence[tuple[int, int]] | None = None,
+        skip_packets: Sequence[int] | None = None,
     ) -> None:
         check_options(mode=mode, batch_size=batch_size, seq_len=seq_len,
                       batch_tokens=batch_tokens, prefetch=prefetch,
@@ -205,6 +206,7 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
                          mix_size=mix_size, shuffle_window=shuffle_window)
         self.plan.max_steps = None if max_steps is None else int(max_steps)
         self.plan.skips = skips.check_skip(skip)  # run steps left out (``ndp.loader.skips``)
+        self.plan.skip_packets = skips.check_packets(skip_packets, self.corpus.n_packets)
         if self.backend == "cuda":
             from ndp.engine.cuda import CudaEngine
             from ndp.loader.device_shards import DeviceShards

@@ -12,6 +12,13 @@ batches are decoded and not handed out (the producer is not told; a range costs 
 decode), and counted: ``stats.skipped_batches``, ``skipped_packets``, ``skipped_tokens`` (a
 corrupt packet among them is still counted in ``stats.corrupt``). A state records the ranges
 (``"skip"``), so every later resume keeps them.
+
+Packets found bad after the fact (a source's, from ``ndp explain``) are left out by number
+wherever they come (``skip_packets=[...]``, the ``Piece.packet`` numbers): each is dropped as
+it is laid out, as a corrupt packet is (``DropReason.SKIPPED``: a padded batch one row shorter,
+the packed stream without its tokens, a packing row without it), on both backends, and counted
+in ``stats.skipped_packets``, not in ``stats.corrupt``; the order and every other packet's
+place in it are unchanged, and a state keeps them (``"skip_packets"``).
 """
 
 from __future__ import annotations
@@ -76,6 +83,32 @@ def mask(ranges: Ranges, lo: int, n: int) -> np.ndarray | None:
     return out
 
 
-def record(ranges: Ranges) -> dict:
-    """What a state records of the ranges (nothing when there are none)."""
-    return {"skip": [list(r) for r in ranges]} if ranges else {}
+def record(ranges: Ranges, packets: np.ndarray) -> dict:
+    """What a state records of the ranges and packets left out (nothing when none are)."""
+    return ({"skip": [list(r) for r in ranges]} if ranges else {}) | (
+        {"skip_packets": packets.tolist()} if packets.shape[0] else {})
+
+
+def check_packets(value: Any, n_packets: int, *, name: str = "skip_packets") -> np.ndarray:
+    """``value`` (packet numbers of the dataset, as ``Piece.packet`` gives them, or None) as a
+    sorted array without repeats; ``ConfigError`` naming one that is not an int in
+    ``[0, n_packets)``."""
+    if value is None:
+        return np.zeros(0, np.int64)
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise ConfigError(f"`{name}` must be a list of packet numbers (Piece.packet, as "
+                          f"loader.explain gives them), got {type(value).__name__}")
+    items = list(value)
+    for v in items:
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise ConfigError(f"`{name}` holds {v!r}: packet numbers are ints")
+        if not 0 <= int(v) < n_packets:
+            raise ConfigError(f"`{name}` holds packet {int(v)}, outside this dataset's "
+                              f"{n_packets:,} packets (0 to {n_packets - 1:,})")
+    return np.unique(np.asarray(items, np.int64))
+
+
+def joined_packets(kept: np.ndarray, more: Any, n_packets: int) -> np.ndarray:
+    """The packets ``kept`` (a state's) and ``more``, once each."""
+    more = check_packets(more, n_packets)
+    return kept if not more.shape[0] else np.union1d(kept, more).astype(np.int64)

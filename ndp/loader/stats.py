@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ndp.errors import user_level
+from ndp.wire.format import DropReason
 
 from ndp.loader.layout import (COUNTS, EMPTY, ON_PURPOSE, PACKETS, REASONS, REPEATED, TOKENS,
                                TRUNCATED, VALID)
+
+SKIPPED = DropReason.SKIPPED.name
 
 
 @dataclass
@@ -49,8 +52,9 @@ class LoaderStats:
     corrupt_bytes: int = 0
     #: padded mode: batches with no row, every packet of them dropped (warned about once)
     empty_batches: int = 0
-    #: steps left out by skip ranges (``ndp.loader.skips``): their batches, the packets those
-    #: took and the tokens they held (their corrupt packets are in ``corrupt`` too)
+    #: left out on purpose (``ndp.loader.skips``): the batches of skipped steps, the packets
+    #: those took and the packets ``skip_packets`` named, and the tokens of skipped batches
+    #: (their corrupt packets are in ``corrupt`` too)
     skipped_batches: int = 0
     skipped_packets: int = 0
     skipped_tokens: int = 0
@@ -76,6 +80,9 @@ class LoaderStats:
             if found:
                 mine = getattr(self, key)
                 for name, n in found.items():
+                    if key == "corrupt" and name == SKIPPED:  # left out on purpose
+                        self.skipped_packets += n
+                        continue
                     mine[name] = mine.get(name, 0) + n
 
     def add_counts(self, rows: np.ndarray) -> None:
@@ -89,10 +96,7 @@ class LoaderStats:
         self.repeated += sums[REPEATED]
         self.dropped_on_purpose += sums[ON_PURPOSE]
         if any(sums[len(COUNTS):]):
-            corrupt = self.corrupt
-            for name, n in zip(REASONS, sums[len(COUNTS):]):
-                if n:
-                    corrupt[name] = corrupt.get(name, 0) + n
+            self._reasons(sums[len(COUNTS):])
         if sums[EMPTY]:
             first = int(np.flatnonzero(rows[:, EMPTY])[0])
             self.batches += first  # the warning names the first batch with no row
@@ -109,9 +113,18 @@ class LoaderStats:
         self.skipped_tokens += sums[TOKENS]
         self.dropped_on_purpose += sums[ON_PURPOSE]
         if any(sums[len(COUNTS):]):
-            for name, n in zip(REASONS, sums[len(COUNTS):]):
-                if n:
-                    self.corrupt[name] = self.corrupt.get(name, 0) + n
+            self._reasons(sums[len(COUNTS):])
+
+    def _reasons(self, counts: list[int]) -> None:
+        """Drops by reason (``REASONS`` order): into ``corrupt``, but for packets left out on
+        purpose (``skip_packets``), which are ``skipped_packets``."""
+        corrupt = self.corrupt
+        for name, n in zip(REASONS, counts):
+            if n:
+                if name == SKIPPED:
+                    self.skipped_packets += n
+                else:
+                    corrupt[name] = corrupt.get(name, 0) + n
 
     def _empty(self, n: int) -> None:
         self.empty_batches += n
@@ -136,7 +149,8 @@ class LoaderStats:
             "corrupt_regions": self.corrupt_regions, "corrupt_bytes": self.corrupt_bytes,
             "empty_batches": self.empty_batches,
             **({"skipped_batches": self.skipped_batches, "skipped_packets": self.skipped_packets,
-                "skipped_tokens": self.skipped_tokens} if self.skipped_batches else {}),
+                "skipped_tokens": self.skipped_tokens}
+               if self.skipped_batches or self.skipped_packets else {}),
             "sources": dict(self.sources), "mix_unused": dict(self.mix_unused),
             "mix_repeated": dict(self.mix_repeated),
         }

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ndp.errors import LoaderUsageError
 from ndp.loader.shapes import Shapes
 from ndp.loader.skips import skipped
@@ -26,6 +28,8 @@ class RunSteps:
     max_steps: int | None = None
     #: run steps whose batches are left out (``ndp.loader.skips``)
     skips: tuple[tuple[int, int], ...] = ()
+    #: packets left out wherever they come (sorted global numbers, ``ndp.loader.skips``)
+    skip_packets: np.ndarray = np.zeros(0, np.int64)
 
     def run_batches(self, epoch: int) -> int:
         """Batches ``epoch`` delivers in this run: all of them, or those before the run's end

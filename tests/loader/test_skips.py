@@ -20,6 +20,7 @@ import golden  # noqa: E402
 
 import ndp  # noqa: E402
 from ndp.errors import ConfigError  # noqa: E402
+from test_explain import check_batch  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +144,42 @@ def test_a_range_overlapping_the_states_is_refused(datasets):
         state = loader.state_dict()
     with make(datasets, "padded") as loader, pytest.raises(ConfigError, match="overlap"):
         loader.load_state_dict(state, skip=[(4, 8)])
+
+
+@pytest.mark.parametrize("mode", golden.MODES)
+def test_packets_found_bad_are_left_out_wherever_they_come(datasets, mode):
+    """The packets of two steps, named by ``explain`` after the fact, left out by number: no
+    batch holds them, every batch is what ``explain`` says (the CPU and the CUDA kernels
+    alike), they are counted as skipped, not corrupt, and a state keeps them."""
+    with make(datasets, mode) as loader:
+        bad = sorted({p.packet for s in (3, 4) for p in loader.explain(s).pieces})
+    runs = {}
+    for backend in ("cpu", "cuda"):
+        with make(datasets, mode, backend, skip_packets=bad) as loader:
+            runs[backend], lens = run(loader, 1)
+            stats = loader.stats
+            state = loader.state_dict()
+            explained = {s: loader.explain(s, epoch=0) for s in range(lens[0])}
+    assert runs["cpu"].keys() == runs["cuda"].keys()
+    for step, batch in runs["cpu"].items():
+        for name in batch:
+            np.testing.assert_array_equal(batch[name], runs["cuda"][step][name])
+    named = 0
+    for step, ex in explained.items():
+        assert not {p.packet for p in ex.pieces} & set(bad), step
+        check_batch(ex, runs["cpu"][step], mode)
+        named += sum(d.reason == "SKIPPED" for d in ex.dropped)
+    assert stats.skipped_packets >= len(bad) and named >= len(bad) - 1
+    assert "SKIPPED" not in stats.corrupt and sum(stats.corrupt.values()) > 0
+    assert state["skip_packets"] == bad
+    with make(datasets, mode) as later:  # a resume keeps them
+        later.load_state_dict(state)
+        assert later.state_dict()["skip_packets"] == bad
+
+
+def test_bad_packet_numbers_are_named_errors(datasets):
+    n = ndp.Corpus(datasets["main"]).n_packets
+    for value, message in (([n], f"outside this dataset's {n:,} packets"), ([-1], "outside"),
+                           (["7"], "packet numbers are ints"), (7, "a list of packet")):
+        with pytest.raises(ConfigError, match=message):
+            make(datasets, "padded", skip_packets=value)

@@ -51,6 +51,7 @@ def test_drop_reason_codes():
     assert [(m.name, int(m)) for m in DropReason] == [
         ("OK", 0), ("BAD_SYNC", 1), ("TRUNCATED", 2), ("BAD_CRC", 3),
         ("BAD_LENGTH", 4), ("NOT_TOKENS", 5), ("UNKNOWN_TYPE", 6), ("EMPTY", 7), ("TOKEN_RANGE", 8),
+        ("SKIPPED", 9),
     ]
 
 
