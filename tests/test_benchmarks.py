@@ -94,6 +94,22 @@ def test_plan_change_benchmark_smoke_run(tmp_path):
         "another mix", "another batch size", "grown and another mix"]
 
 
+def test_explain_benchmark_smoke_run(tmp_path):
+    """``bench_explain.py --smoke``: each mode's steps from the epoch's start to its middle,
+    and one from a resumed state, each call timed in a process per mode."""
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_explain.py"), "--smoke",
+                           "--sizes", "1e5", "--loop-steps", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("explain-*-smoke.json")
+    report = json.loads(result.read_text())
+    assert [r["mode"] for r in report["rows"]] == ["padded", "packing", "packed"]
+    for row in report["rows"]:
+        assert row["documents"] == 100_000 and len(row["calls"]) == 6
+        assert all(c["wall_s"] > 0 and c["pieces"] > 0 for c in row["calls"])
+        assert row["calls"][-1]["after_loop_steps"] == 2
+
+
 def test_loader_comparison_smoke_run(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH / "bench_loaders.py"), "--smoke", "--out",
                            str(tmp_path), "--rounds", "2"],

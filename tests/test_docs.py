@@ -111,7 +111,8 @@ def test_a_broken_link_or_a_missing_api_object_fails_the_build(damage, tmp_path)
 @pytest.mark.slow
 def test_the_quick_start_and_the_gpu_guide_run_as_written(tmp_path, monkeypatch):
     """docs/quickstart.md from an empty directory, then the decoder block of docs/guides/gpu.md
-    on the data it made (on the CPU here; on a GPU machine on the device)."""
+    on the data it made (on the CPU here; on a GPU machine on the device), and the loss-spike
+    and telemetry guides on it."""
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
     quick = markdown_blocks((DOCS / "quickstart.md").read_text(encoding="utf-8"))
@@ -121,6 +122,11 @@ def test_the_quick_start_and_the_gpu_guide_run_as_written(tmp_path, monkeypatch)
                           "## The decoder underneath")
     run_markdown(gpu, namespace, "docs/guides/gpu.md")
     assert float(namespace["loss"].detach()) > 0  # trained on shifted labels
+    for page in ("loss-spike", "telemetry"):  # on the quick start's data, as they say
+        blocks = markdown_blocks((DOCS / "guides" / f"{page}.md").read_text(encoding="utf-8"))
+        assert [lang for lang, _ in blocks].count("python") >= 2
+        run_markdown(blocks, namespace, f"docs/guides/{page}.md")
+    assert namespace["steps"] == [10, 11, 20, 21]  # the skip range left out steps 12-19
 
 
 def test_the_readme_headline_is_read_from_the_results_files():

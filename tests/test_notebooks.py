@@ -25,7 +25,8 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
-NOTEBOOKS = ["quickstart.ipynb", "benchmark.ipynb", "integrity.ipynb", "schedules.ipynb"]
+NOTEBOOKS = ["quickstart.ipynb", "benchmark.ipynb", "integrity.ipynb", "schedules.ipynb",
+             "loss_spike.ipynb"]
 
 
 def execute(name: str, cwd: Path = NOTEBOOKS_DIR) -> nbformat.NotebookNode:
@@ -113,6 +114,11 @@ def test_notebook_runs(name, monkeypatch):
         assert "backend: " in text and "in the loss" in text
     elif name == "integrity.ipynb":
         assert "every packet is accounted for" in text
+    elif name == "loss_spike.ipynb":  # the planted source's steps found, named and skipped
+        assert "spike steps: [60, 61, 62, 63, 64, 65, 66, 67]" in text
+        assert "'bad': 505" in text and "bad/shard-00000.ndp @" in text
+        assert "skipped: 8 batches" in text and "the state keeps [[60, 68]]" in text
+        assert images(nb) >= 2
     elif name == "schedules.ipynb":
         assert "the same batches as the uninterrupted run" in text and "realised" in text
         assert images(nb) >= 1

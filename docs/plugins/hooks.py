@@ -5,7 +5,8 @@ A page asks for a generated block with an HTML comment on a line of its own:
 * ``<!-- ndp:results KIND -->``: every results file of KIND in ``benchmarks/results/`` (``decode``,
   ``crc``, ``convert``, ``loader``, ``breakdown``, ``loaders``, ``gpu``, ``gpu-loader``,
   ``accounting``, ``remote``, ``shuffle``, ``train``, ``train-gpt2``, ``bad-inputs``, ``scale``,
-  ``schedule``, ``kernels``, ``plan-change``, ``gpu-threads``: ``results.kinds_of``),
+  ``schedule``, ``kernels``, ``plan-change``, ``gpu-threads``, ``explain``:
+  ``results.kinds_of``),
   as tables with each file's command, machine and date, the featured runs charted;
 * ``<!-- ndp:files -->``: the list of every results file;
 * ``<!-- ndp:headline -->``: the headline measurements (``headline.py``, as in the README);

@@ -136,7 +136,8 @@ def kinds_of(name: str, report: dict) -> list[str]:
                                    ("schedule-", "schedule", "modes", dict),
                                    ("kernel-profile-", "kernels", "modes", dict),
                                    ("plan-change-", "plan-change", "sizes", list),
-                                   ("gpu-threads-", "gpu-threads", "results", list)):
+                                   ("gpu-threads-", "gpu-threads", "results", list),
+                                   ("explain-", "explain", "rows", list)):
         if name.startswith(prefix) and isinstance(report.get(key), typ):
             kinds.append(kind)
     return kinds

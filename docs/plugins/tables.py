@@ -24,6 +24,7 @@ from mdtable import table
 from scale_tables import SCALE_MODEL, _docs, _model_cell, scale as _scale_ndp
 from gpu_tables import kernels as _kernels, threads as _threads
 from resume_tables import plan_change as _plan_change
+from explain_tables import explain as _explain
 
 
 # --- one table per kind --------------------------------------------------------------------
@@ -401,7 +402,7 @@ TABLES = {"decode": _decode, "crc": _crc, "convert": _convert, "loader": _loader
           "accounting": _accounting, "remote": _remote, "shuffle": _shuffle,
           "bad-inputs": _bad_inputs, "scale": _scale, "train-gpt2": _train_gpt2,
           "schedule": _schedule, "kernels": _kernels, "plan-change": _plan_change,
-          "gpu-threads": _threads}
+          "gpu-threads": _threads, "explain": _explain}
 
 
 def render(kind: str, result: Result, page: str | None) -> str:

@@ -356,6 +356,8 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
         starts the thread again (and reopens files as it reads them)."""
         self._active = None
         self._stop_producer()
+        if self._explainer is not None:  # its plan's count, if one runs
+            self._explainer.close()
         self.corpus.close()
 
     def __enter__(self) -> Loader:

@@ -195,3 +195,22 @@ def test_the_explanation_is_plain_data(datasets):
     assert {"shard", "offset", "src", "dst", "typ", "start", "stop", "row", "col"} <= set(
         back["pieces"][0])
     assert ex.packets() == list(dict.fromkeys((p.shard, p.packet) for p in ex.pieces))
+
+
+@pytest.mark.parametrize("name", ["rank1of3", "lazy"])
+def test_a_resumed_loader_explains_from_its_state(datasets, name):
+    """A packed step after a resumed state is found from the state (the packets before it
+    are not read again) and equals what the resumed loop delivers."""
+    with make(datasets, "packed", name) as first:
+        it = iter(first)
+        for _ in range(20):
+            next(it)
+        state = first.state_dict()
+    with make(datasets, "packed", name) as loader:
+        loader.load_state_dict(state)
+        ahead = loader.explain(25)
+        assert loader._explainer.engine.counters.chunks <= 2  # from step 20, not from 0
+        for batch in loader:
+            if loader.step - 1 == 25:
+                check_batch(ahead, batch, "packed")
+                break
