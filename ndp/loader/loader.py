@@ -283,8 +283,10 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
                 self._start_producer()
         # the bar's total once the epoch is counted (``ndp.loader.count``): not waited for
         sized = self.progress and self.plan.counted(self.epoch)
-        bar = progress_bar(total=len(self) if sized else None,
-                           initial=self._state["batch"], desc=f"ndp epoch {self.epoch}",
+        start, done = self.plan.start_step(self.epoch), self._state["batch"]
+        bar = progress_bar(total=len(self) if sized else None,  # the batches a loop yields
+                           initial=done - skips.skipped(self.plan.skips, start, start + done),
+                           desc=f"ndp epoch {self.epoch}",
                            enabled=self.progress, unit="batch")
         finished = False
         taken, limited = self._taken, self.plan.max_steps is not None

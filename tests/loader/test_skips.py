@@ -7,6 +7,7 @@ ranges are named errors."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -183,3 +184,23 @@ def test_bad_packet_numbers_are_named_errors(datasets):
                            (["7"], "packet numbers are ints"), (7, "a list of packet")):
         with pytest.raises(ConfigError, match=message):
             make(datasets, "padded", skip_packets=value)
+
+
+def test_the_progress_bar_counts_the_batches_a_loop_yields(datasets, capsys):
+    """A resume at step 3 with steps 5-8 skipped: the bar goes from 3 to len(loader), the
+    epoch's batches less the 4 skipped."""
+    with make(datasets, "padded") as first:
+        it = iter(first)
+        for _ in range(3):
+            next(it)
+        state = first.state_dict()
+    capsys.readouterr()
+    with make(datasets, "padded", progress=True) as loader:
+        loader.load_state_dict(state, skip=[(1, 2), (5, 9)])  # step 1: before the state
+        n = len(loader)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            assert sum(1 for _ in loader) == n - 2
+    err = capsys.readouterr().err
+    assert re.search(rf"(?<!\d)2/{n}\b", err) and f"{n}/{n}" in err  # from 2 taken (steps
+    # 0 and 2; step 1 counts as skipped) to the end
