@@ -118,6 +118,7 @@ def test_notebook_runs(name, monkeypatch):
         assert "spike steps: [60, 61, 62, 63, 64, 65, 66, 67]" in text
         assert "'bad': 505" in text and "bad/shard-00000.ndp @" in text
         assert "skipped: 8 batches" in text and "the state keeps [[60, 68]]" in text
+        assert "106 packets of bad/ left out; 106 met and dropped as SKIPPED" in text
         assert images(nb) >= 2
     elif name == "schedules.ipynb":
         assert "the same batches as the uninterrupted run" in text and "realised" in text
