@@ -108,3 +108,62 @@ def test_no_prometheus_client_is_a_named_error(datasets, monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with ran(datasets, steps=1) as loader, pytest.raises(ndp.ConfigError, match="metrics"):
         ndp.serve_metrics(loader, port=0)
+
+
+GATHER = """
+import datetime, json, os, sys, time
+import torch.distributed as dist
+import ndp
+from ndp.loader.telemetry import gather, slowest
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank = dist.get_rank()
+loader = ndp.Loader(sys.argv[1], mode="packed", batch_size=2, seq_len=16, backend="cpu",
+                    output="arrays", seed=7)       # RANK / WORLD_SIZE from the environment
+it = iter(loader)
+for _ in range(5 + rank):
+    next(it)
+if rank == 1:
+    loader._waits.add(2.0)                      # rank 1 is made the slow one
+    loader.stats.wait_seconds += 2.0
+everyone = gather(loader)                       # a collective: every rank calls it
+print("GATHERED", json.dumps({"ranks": [f["rank"] for f in everyone],
+                              "batches": [f["batches"] for f in everyone],
+                              "slowest": slowest(everyone)["rank"]}), flush=True)
+loader.close()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_gather_collects_every_ranks_figures_over_gloo(datasets, tmp_path):
+    pytest.importorskip("torch.distributed")
+    import json
+    import os
+    import socket
+    import subprocess
+
+    script = tmp_path / "gather.py"
+    script.write_text(GATHER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, str(script), str(datasets["main"])],
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2",
+                                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                       OMP_NUM_THREADS="1"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=240)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    got = [json.loads(out.split("GATHERED", 1)[1]) for out in outs]
+    assert got[0] == got[1] == {"ranks": [0, 1], "batches": [5, 6], "slowest": 1}
