@@ -75,8 +75,9 @@ def measure(corpus, truth: np.ndarray, *, mode: str, resident: bool, batch: int,
     import ndp
 
     made: list = []
-    options = dict(mode=mode, batch_size=batch, seq_len=seq, seed=0, backend="cuda",
-                   resident=resident, output="torch")
+    base, _, extra = mode.partition("+")  # "packed+documents": documents=True
+    options = dict(mode=base, batch_size=batch, seq_len=seq, seed=0, backend="cuda",
+                   resident=resident, output="torch", documents=extra == "documents")
     if not resident:
         options.update(shuffle_window=2 * shard_bytes, device_budget=8 * shard_bytes)
     with null_device.null_device(made):
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--seconds", type=float, default=4.0,
                     help="timed per run (whole epochs, at least one)")
-    ap.add_argument("--modes", default="padded,packed,packing")
+    ap.add_argument("--modes", default="padded,packed,packing",
+                    help="modes to run; packed+documents: packed with documents=True")
     ap.add_argument("--quick", action="store_true", help="small data, for a smoke run")
     add_out_argument(ap)
     args = ap.parse_args(argv)

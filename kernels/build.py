@@ -247,3 +247,34 @@ def build_packing_cpu(
                  doc_len, row_docs, pad_id, input_ids, labels, attention_mask, position_ids,
                  TYP_WIDTH_TABLE, TYP_MASKED_TABLE,
                  grain=max(1, GRAIN_TOKENS // max(1, input_ids.shape[1])))
+
+
+@cpu_kernel
+def _build_documents(doc_cum, start, position_ids, document_ids, lo, hi):  # pragma: no cover
+    seq = position_ids.shape[1]
+    n = doc_cum.shape[0]
+    for b in range(lo, hi):
+        s = start + b * seq  # stream position of the window's first token
+        d0 = np.searchsorted(doc_cum, s, side="right") - 1  # the document it starts in
+        d = d0
+        for j in range(seq):
+            p = s + j
+            while d + 1 < n and doc_cum[d + 1] <= p:
+                d += 1
+            first = doc_cum[d] if doc_cum[d] > s else s
+            position_ids[b, j] = p - first
+            document_ids[b, j] = d - d0
+
+
+def build_documents_cpu(doc_cum: np.ndarray, start: int, position_ids: np.ndarray,
+                        document_ids: np.ndarray) -> None:
+    """Packed windows' document boundaries (``documents=True``): of (W, T) ``position_ids``
+    (int64) and ``document_ids`` (int32), token ``j`` of window ``b`` (stream position
+    ``p = start + b*T + j``) gets its place in its document counted from the window's start
+    (``p - max(start + b*T, doc_cum[d])``, ``d`` its document: the last ``doc_cum <= p``) and
+    its document's number in the window (0 for the one the window starts in). ``doc_cum``:
+    the stream positions where documents start, ascending, the first at or before ``start``.
+    Synchronous; allocates nothing; reads no packet."""
+    parallel_for(_build_documents, position_ids.shape[0], doc_cum, np.int64(start),
+                 position_ids, document_ids,
+                 grain=max(1, GRAIN_TOKENS // max(1, position_ids.shape[1])))

@@ -141,6 +141,23 @@ def build_packing_cuda(shard, offsets, doc_packet, doc_col, doc_len, row_docs, p
                 position_ids[r, c] = t
 
 
+@cuda.jit(cache=True)
+def build_documents_cuda(doc_cum, start, position_ids, document_ids):  # pragma: no cover
+    """(W, T) ``position_ids`` and ``document_ids`` of packed windows from stream position
+    ``start``, as ``build_documents_cpu``: one thread per token."""
+    n_windows, seq = position_ids.shape
+    n = doc_cum.shape[0]
+    for i in range(cuda.grid(1), n_windows * seq, cuda.gridsize(1)):
+        b = i // seq
+        s = start + b * seq
+        p = s + i % seq
+        d = last_at_or_before_dev(doc_cum, 0, n, p)
+        d0 = last_at_or_before_dev(doc_cum, 0, n, s)
+        first = doc_cum[d] if doc_cum[d] > s else s
+        position_ids[b, i % seq] = p - first
+        document_ids[b, i % seq] = d - d0
+
+
 SIGNATURES = {
     "build_padded_cuda": (
         build_padded_cuda,
@@ -155,6 +172,10 @@ SIGNATURES = {
             "void(uint8[::1], int64[::1], int64[::1], int64[::1], int64, int64[:, ::1], "
             "int64[:, ::1], uint8[::1], uint8[::1])"
         ],
+    ),
+    "build_documents_cuda": (
+        build_documents_cuda,
+        ["void(int64[::1], int64, int64[:, ::1], int32[:, ::1])"],
     ),
     "build_packing_cuda": (
         build_packing_cuda,

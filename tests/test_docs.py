@@ -122,6 +122,10 @@ def test_the_quick_start_and_the_gpu_guide_run_as_written(tmp_path, monkeypatch)
                           "## The decoder underneath")
     run_markdown(gpu, namespace, "docs/guides/gpu.md")
     assert float(namespace["loss"].detach()) > 0  # trained on shifted labels
+    attention = markdown_blocks((DOCS / "guides" / "pretraining.md").read_text(encoding="utf-8"),
+                                "## Attention within documents")
+    run_markdown(attention, namespace, "docs/guides/pretraining.md")
+    assert namespace["out"].shape == (8, 4, 256, 16)
     for page in ("loss-spike", "telemetry"):  # on the quick start's data, as they say
         blocks = markdown_blocks((DOCS / "guides" / f"{page}.md").read_text(encoding="utf-8"))
         assert [lang for lang, _ in blocks].count("python") >= 2

@@ -20,7 +20,8 @@ import numpy as np
 from ndp.engine.counters import Counters
 from ndp.errors import ConfigError
 from ndp.wire.format import DropReason
-from ndp.kernels.build import build_packed_cpu, build_packing_cpu, build_padded_cpu
+from ndp.kernels.build import (build_documents_cpu, build_packed_cpu, build_packing_cpu,
+                               build_padded_cpu)
 from ndp.kernels.verdict import verdicts_cpu
 
 #: a ``vocab`` no id reaches (ids are at most 32 bits): no range check
@@ -32,6 +33,9 @@ OUTPUTS = {
     "packed": (("x", np.int64), ("y", np.int64)),
     "packing": (("input_ids", np.int64), ("labels", np.int64), ("attention_mask", np.int64),
                 ("position_ids", np.int64), ("cu_seqlens", np.int32)),
+    # packed windows with their documents' boundaries (``documents=True``)
+    "packed+documents": (("x", np.int64), ("y", np.int64), ("position_ids", np.int64),
+                         ("document_ids", np.int32), ("cu_seqlens", np.int32)),
 }
 
 
@@ -191,6 +195,15 @@ class CpuEngine:
         self.counters.launches += 1
         build_packed_cpu(staged.data, staged.offsets, rows, cum, start, outs["x"][:windows],
                          outs["y"][:windows])
+
+    def build_documents(self, slot: Slot, doc_cum: np.ndarray, start: int, windows: int,
+                        cu: np.ndarray, outs: dict) -> None:
+        """Packed windows' ``position_ids``, ``document_ids`` and ``cu_seqlens``
+        (``documents=True``): from the documents' stream starts ``doc_cum``."""
+        self.counters.launches += 1
+        build_documents_cpu(doc_cum, start, outs["position_ids"][:windows],
+                            outs["document_ids"][:windows])
+        outs["cu_seqlens"][:cu.shape[0]] = cu
 
     def build_packing(self, staged: Staged, slot: Slot, plan: dict, pad_id: int,
                       outs: dict) -> None:

@@ -200,6 +200,21 @@ class CudaEngine(CpuEngine):
             outs["x"].kernel[:windows], outs["y"].kernel[:windows], self.tables["width"],
             self.tables["masked"])
 
+    def build_documents(self, slot: Slot, doc_cum: np.ndarray, start: int, windows: int,
+                        cu: np.ndarray, outs: dict) -> None:
+        _, build_cuda = _kernels()
+        if not windows:
+            return
+        dev = self.upload(slot, "documents", doc_cum)
+        seq = outs["position_ids"].kernel.shape[1]
+        self.launch(build_cuda.build_documents_cuda, windows * seq, build_cuda.BUILD_BLOCK,
+                    build_cuda.BUILD_BLOCK)(
+            dev, np.int64(start), outs["position_ids"].kernel[:windows],
+            outs["document_ids"].kernel[:windows])
+        _, host = self.scratch(slot, "cu_seqlens", cu.shape[0], np.int32)
+        host[:cu.shape[0]] = cu
+        self.h2d(outs["cu_seqlens"].kernel[:cu.shape[0]], host[:cu.shape[0]])
+
     def build_packing(self, staged: Staged, slot: Slot, plan: dict, pad_id: int,
                       outs: dict) -> None:
         _, build_cuda = _kernels()

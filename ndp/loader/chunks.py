@@ -20,6 +20,7 @@ import numpy as np
 from ndp.engine.cpu import CpuEngine, Slot, Staged, TooManyShards
 from ndp.loader.layout import Layout, packed_layout, packing_layout, padded_layout
 from ndp.loader import units
+from ndp.loader.documents import add_documents
 from ndp.loader.packing import budget_ends
 from ndp.loader.plan import Plan
 from ndp.wire.format import DropReason
@@ -226,6 +227,8 @@ class ChunkDecoder:
                 counted_from=since if ex is None else units.counted_from(ex, since),
                 max_batches=batches, share_ends=share_ends, final=final,
                 units=None if ex is None else ex.first_of)
+            if plan.documents:  # their boundaries in the windows (``ndp.loader.documents``)
+                add_documents(layout, ex, batch_size=B, seq_len=T)
             return layout if ex is None else units.to_places(layout, ex, verdicts, pos)
         n = share.shape[0]
         end = min(pos + verdicts.shape[0] + 1, n)  # and the packet after: see packing_layout
@@ -245,9 +248,16 @@ class ChunkDecoder:
             outs = engine.outputs(slot, mode, max(rows.shape[0], full), T, least=least)
             engine.build_padded(staged, slot, rows, self.pad_token_id, outs)
         elif mode == "packed":
-            outs = engine.outputs(slot, mode, max(build["windows"], full), T, least=least)
+            docs = "cu_seqlens" in build
+            outs = engine.outputs(slot, "packed+documents" if docs else mode,
+                                  max(build["windows"], full), T,
+                                  max(build["cu_seqlens"].shape[0], self._segments)
+                                  if docs else 0, least=least)
             engine.build_packed(staged, slot, build["rows"], build["cum"], build["start"],
                                 build["windows"], outs)
+            if docs:
+                engine.build_documents(slot, build["doc_cum"], build["start"],
+                                       build["windows"], build["cu_seqlens"], outs)
         else:
             outs = engine.outputs(slot, mode, max(build["rows"], full), T,
                                   max(build["cu_seqlens"].shape[0], self._segments),

@@ -68,6 +68,9 @@ ENTRY_BYTES = INDEX_ENTRY_DTYPE.itemsize
 class Plan(Reach, RunSteps, Mixing):
     """This rank's share of each epoch and the chunks of it (see the module docstring)."""
 
+    #: packed windows with their documents' boundaries (``ndp.loader.documents``)
+    documents = False
+
     def __init__(self, corpus: Corpus, *, mode: str, batch_size: Any, seq_len: Any,
                  shuffle: bool, seed: int, rank: int, world_size: int, crc_drop_rate: float,
                  mix: dict | None, mix_by: str, mix_size: str | int = "shortest",

@@ -65,6 +65,33 @@ def test_device_work_per_batch_is_bounded_over_whole_epochs(corpus, mode, batch_
     assert total.shard_copies == 3  # each shard copied once, whole
 
 
+def test_documents_cost_one_launch_and_two_copies_a_chunk(corpus):
+    """``documents=True`` (``ndp.loader.documents``): one more kernel (``position_ids`` and
+    ``document_ids`` from the documents' starts) and two more copies (those starts, and the
+    ``cu_seqlens``) per chunk, on the CPU backend one more kernel call."""
+    counts = {}
+    for documents in (False, True):
+        for backend in ("cuda", "cpu"):
+            loader = Loader(corpus, mode="packed", batch_size=2, seq_len=6, backend=backend,
+                            seed=1, output="arrays", resident=True, documents=documents)
+            _epoch(loader)
+            loader.close()
+            before = loader.counters.as_dict()
+            _epoch(loader)
+            loader.close()
+            counts[documents, backend] = loader.counters.since(before)
+    for backend, copies in (("cuda", 2), ("cpu", 0)):
+        plain, docs = counts[False, backend], counts[True, backend]
+        assert min(plain["chunks"], docs["chunks"]) > 3  # as far as each producer got
+
+        def per_chunk(c: dict, name: str) -> float:
+            return c[name] / c["chunks"]
+        assert per_chunk(docs, "launches") == per_chunk(plain, "launches") + 1
+        assert per_chunk(docs, "h2d_copies") == per_chunk(plain, "h2d_copies") + copies
+        assert per_chunk(docs, "d2h_copies") == per_chunk(plain, "d2h_copies")
+        assert per_chunk(docs, "host_waits") == per_chunk(plain, "host_waits")
+
+
 def test_the_cpu_backend_counts_its_kernel_calls(corpus):
     loader = Loader(corpus, mode="padded", batch_size=4, seq_len=8, backend="cpu",
                     chunk_batches=8, output="arrays")

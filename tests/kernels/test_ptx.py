@@ -43,4 +43,5 @@ def test_every_kernel_signature_compiles_to_ptx(arch):
         "ndp.kernels.build_cuda.build_padded_cuda",
         "ndp.kernels.build_cuda.build_packed_cuda",
         "ndp.kernels.build_cuda.build_packing_cuda",
+        "ndp.kernels.build_cuda.build_documents_cuda",
     }
