@@ -24,24 +24,39 @@ def add_documents(layout: Any, ex: Any, *, batch_size: int, seq_len: int) -> Any
     its documents: ``build["doc_cum"]``, ``build["cu_seqlens"]`` (every batch's, one after the
     other) and the row offsets of the three outputs."""
     build = layout.build
-    rows, cum, start = build["rows"], build["cum"], int(build["start"])
+    rows, cum = build["rows"], build["cum"]
     starts = cum[:-1]
     if ex is not None and rows.shape[0]:  # a place's first valid packet starts its document
         place = ex.place_of[rows]
         starts = starts[np.concatenate([[True], place[1:] != place[:-1]])]
     doc_cum = np.ascontiguousarray(starts if starts.shape[0] else np.zeros(1), np.int64)
-    n, B, T = layout.n, batch_size, seq_len
-    per = B * T
-    inner = doc_cum[(doc_cum > start) & (doc_cum < start + n * per)] - start
-    edges = np.union1d(np.arange(n * B + 1, dtype=np.int64) * T, inner[inner % T != 0])
-    batch = np.arange(n + 1, dtype=np.int64) * per
-    lo = np.searchsorted(edges, batch[:-1], side="left")
-    hi = np.searchsorted(edges, batch[1:], side="right")
-    counts = hi - lo
-    at = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    take = np.arange(int(at[-1]), dtype=np.int64) - np.repeat(at[:-1] - lo, counts)
-    cu = edges[take] - np.repeat(batch[:-1], counts)
-    build["doc_cum"], build["cu_seqlens"] = doc_cum, cu.astype(np.int32)
+    build["doc_cum"] = doc_cum
+    build["cu_seqlens"], at = _cu_seqlens(doc_cum, int(build["start"]), layout.n, batch_size,
+                                          seq_len)
     layout.rows["position_ids"] = layout.rows["document_ids"] = layout.rows["x"]
     layout.rows["cu_seqlens"] = at
     return layout
+
+
+def _cu_seqlens(doc_cum: np.ndarray, start: int, n: int, B: int, T: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Every batch's ``cu_seqlens``, one after the other, and where each begins: batch ``i``'s
+    are its windows' starts ``0, T, .., B*T`` merged with the documents starting inside a
+    window (stream positions ``doc_cum``, the chunk's first window at ``start``). Merged by
+    their ranks, without a sort: a window start is preceded by the documents before it, a
+    document by the window starts at or before it."""
+    per = B * T
+    inner = doc_cum[(doc_cum > start) & (doc_cum < start + n * per)] - start
+    inner = inner[inner % T != 0]  # a document starting at a window's start adds nothing
+    b_of = inner // per
+    k = np.bincount(b_of, minlength=n)
+    at = np.concatenate([[0], np.cumsum(k + B + 1)]).astype(np.int64)
+    first = np.concatenate([[0], np.cumsum(k)])[:-1]
+    cu = np.empty(int(at[-1]), np.int64)
+    rel = inner - b_of * per
+    cu[at[b_of] + rel // T + 1 + np.arange(inner.shape[0]) - first[b_of]] = rel
+    w = np.arange(B + 1, dtype=np.int64)
+    grid = (np.arange(n, dtype=np.int64) * per)[:, None] + w * T  # (n, B + 1) chunk positions
+    below = np.searchsorted(inner, grid.ravel()).reshape(n, B + 1) - first[:, None]
+    cu[(at[:-1, None] + w + below).ravel()] = np.broadcast_to(w * T, (n, B + 1)).ravel()
+    return cu.astype(np.int32), at
