@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+
 def add_documents(layout: Any, ex: Any, *, batch_size: int, seq_len: int) -> Any:
     """``layout`` (a ``packed_layout`` of a chunk, ``ex`` its places' packets or None) with
     its documents: ``build["doc_cum"]``, ``build["cu_seqlens"]`` (every batch's, one after the
