@@ -214,3 +214,24 @@ def test_a_resumed_loader_explains_from_its_state(datasets, name):
             if loader.step - 1 == 25:
                 check_batch(ahead, batch, "packed")
                 break
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["one source", "mix schedule"])
+def test_padded_batches_cut_by_a_token_budget_are_explained_ahead(datasets, mixed):
+    """Padded batches cut by ``batch_tokens`` (their ends by the index), alone and drawn by
+    a linear mix schedule: every step explained before the loop equals the batch delivered."""
+    data = ({"main": str(datasets["main"]), "extra": str(datasets["extra"])} if mixed
+            else datasets["main"])
+    kw = dict(mode="padded", batch_tokens=100, seq_len=32, seed=7, crc_drop_rate=0.1,
+              backend="cpu", output="arrays")
+    if mixed:
+        kw["mix"] = ndp.Schedule([(0, {"main": 0.8, "extra": 0.2}),
+                                  (30, {"main": 0.3, "extra": 0.7})], interpolate="linear")
+    with ndp.Loader(data, **kw) as loader, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        ahead = [loader.explain(s) for s in range(len(loader))]
+        n = 0
+        for batch in loader:
+            check_batch(ahead[loader.step - 1], batch, "padded")
+            n += 1
+    assert n == len(ahead) > 40
