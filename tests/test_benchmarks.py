@@ -608,7 +608,8 @@ def test_gpu_threads_splits_the_cpu_by_thread_and_samples_the_producer(tmp_path)
         for who in ("ndp-loader", "MainThread"):
             for kind in ("ndp", "leaf"):
                 shares = [share for _, share in r["profile"][who][kind]]
-                assert all(0 < x <= 1 for x in shares) and sum(shares) <= 1.0001
+                # each share rounded to 4 places: their sum may pass 1 by half a unit each
+                assert all(0 < x <= 1 for x in shares) and sum(shares) <= 1 + 5e-5 * len(shares)
     assert any(r["profile"]["MainThread"]["leaf"] for r in rows)
     assert sum(sum(r["thread_cpu_us_per_batch"].values()) for r in rows) > 0
 
