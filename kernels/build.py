@@ -159,10 +159,11 @@ def token_counts_cpu(
 
 
 @cpu_kernel
-def _build_packed(shard, offsets, rows, cum, start, x, y, w_t, m_t, lo, hi):  # pragma: no cover
+def _build_packed(shard, offsets, rows, cum, start, wins, x, y, w_t, m_t, lo,
+                  hi):  # pragma: no cover - compiled
     seq = x.shape[1]
     for b in range(lo, hi):
-        s = start + b * seq  # stream position of x[b, 0]
+        s = wins[b] if wins.shape[0] else start + b * seq  # stream position of x[b, 0]
         r = np.searchsorted(cum, s, side="right") - 1  # cum[r] <= s < cum[r + 1]
         t = s - cum[r]
         xb, yb = x[b], y[b]
@@ -190,16 +191,20 @@ def build_packed_cpu(
     rows: np.ndarray,
     cum: np.ndarray,
     start: int,
+    wins: np.ndarray,
     x: np.ndarray,
     y: np.ndarray,
 ) -> None:
-    """Fill (W, T) int64 ``x``/``y`` with windows of T+1 tokens from the concatenated stream.
+    """Fill (W, T) int64 ``x``/``y`` with windows of T+1 tokens from the concatenated stream:
+    window ``b`` from stream position ``start + b*T``, or ``wins[b]`` where ``wins`` is not
+    empty (windows aligned to documents, ``ndp.loader.align``).
 
     ``cum`` is the exclusive prefix sum of the rows' token counts with the total appended
-    (length ``n_rows + 1``); the caller guarantees ``start + W*T + 1 <= cum[-1]``.
-    Synchronous; allocates nothing.
+    (length ``n_rows + 1``); the caller guarantees every window's ``T + 1`` tokens lie before
+    ``cum[-1]``. Synchronous; allocates nothing.
     """
-    parallel_for(_build_packed, x.shape[0], shard, offsets, rows, cum, np.int64(start), x, y,
+    parallel_for(_build_packed, x.shape[0], shard, offsets, rows, cum, np.int64(start),
+                 np.ascontiguousarray(wins, np.int64), x, y,
                  TYP_WIDTH_TABLE, TYP_MASKED_TABLE,
                  grain=max(1, GRAIN_TOKENS // max(1, x.shape[1])))
 
@@ -250,11 +255,12 @@ def build_packing_cpu(
 
 
 @cpu_kernel
-def _build_documents(doc_cum, start, position_ids, document_ids, lo, hi):  # pragma: no cover
+def _build_documents(doc_cum, start, wins, position_ids, document_ids, lo,
+                     hi):  # pragma: no cover - compiled
     seq = position_ids.shape[1]
     n = doc_cum.shape[0]
     for b in range(lo, hi):
-        s = start + b * seq  # stream position of the window's first token
+        s = wins[b] if wins.shape[0] else start + b * seq  # the window's first token
         d0 = np.searchsorted(doc_cum, s, side="right") - 1  # the document it starts in
         d = d0
         for j in range(seq):
@@ -266,15 +272,15 @@ def _build_documents(doc_cum, start, position_ids, document_ids, lo, hi):  # pra
             document_ids[b, j] = d - d0
 
 
-def build_documents_cpu(doc_cum: np.ndarray, start: int, position_ids: np.ndarray,
-                        document_ids: np.ndarray) -> None:
+def build_documents_cpu(doc_cum: np.ndarray, start: int, wins: np.ndarray,
+                        position_ids: np.ndarray, document_ids: np.ndarray) -> None:
     """Packed windows' document boundaries (``documents=True``): of (W, T) ``position_ids``
     (int64) and ``document_ids`` (int32), token ``j`` of window ``b`` (stream position
-    ``p = start + b*T + j``) gets its place in its document counted from the window's start
+    ``p = start + b*T + j``, or ``wins[b] + j`` where ``wins`` is not empty) gets its place in its document counted from the window's start
     (``p - max(start + b*T, doc_cum[d])``, ``d`` its document: the last ``doc_cum <= p``) and
     its document's number in the window (0 for the one the window starts in). ``doc_cum``:
     the stream positions where documents start, ascending, the first at or before ``start``.
     Synchronous; allocates nothing; reads no packet."""
     parallel_for(_build_documents, position_ids.shape[0], doc_cum, np.int64(start),
-                 position_ids, document_ids,
+                 np.ascontiguousarray(wins, np.int64), position_ids, document_ids,
                  grain=max(1, GRAIN_TOKENS // max(1, position_ids.shape[1])))

@@ -84,18 +84,29 @@ def last_at_or_before_dev(keys, lo, hi, p):  # pragma: no cover - compiled
 
 
 @cuda.jit(cache=True)
-def build_packed_cuda(shard, offsets, rows, cum, start, x, y, w_t, m_t):  # pragma: no cover
+def build_packed_cuda(shard, offsets, rows, cum, start, wins, x, y, w_t,
+                      m_t):  # pragma: no cover - compiled
     """(W, T) ``x``/``y`` windows of T+1 tokens from stream position ``start``, as
     ``build_packed_cpu``: flat ``x[i] = stream[start + i]``, flat ``y[i]`` = label of
-    ``stream[start + i + 1]``. ``cum`` (``rows.shape[0] + 1`` long) holds each row's first
-    stream position and the total; positions past the total are not written (the host checks
-    ``start + W*T + 1 <= total`` first)."""
+    ``stream[start + i + 1]``; or, where ``wins`` is not empty (windows aligned to documents),
+    window ``b`` from ``wins[b]``: ``T + 1`` threads a window. ``cum`` (``rows.shape[0] + 1``
+    long) holds each row's first stream position and the total; positions past the total are
+    not written (the host checks that every window fits first)."""
     n_rows = rows.shape[0]
     n_windows, seq = x.shape
     n_x = n_windows * seq
     total = cum[n_rows]
-    for i in range(cuda.grid(1), n_x + 1, cuda.gridsize(1)):
-        p = start + i
+    aligned = wins.shape[0] > 0
+    n_threads = n_windows * (seq + 1) if aligned else n_x + 1
+    for i in range(cuda.grid(1), n_threads, cuda.gridsize(1)):
+        if aligned:
+            b = i // (seq + 1)
+            j = i % (seq + 1)
+            p = wins[b] + j
+        else:
+            b = i // seq
+            j = i % seq
+            p = start + i
         if p < 0 or p >= total:
             continue
         # the last row starting at or before p (empty rows start where the next one does)
@@ -103,10 +114,16 @@ def build_packed_cuda(shard, offsets, rows, cum, start, x, y, w_t, m_t):  # prag
         n, tok, mask, width = token_layout_dev(shard, int64(offsets[rows[r]]), w_t, m_t)
         t = p - cum[r]
         value = token_at_dev(shard, tok, t, width)
-        if i < n_x:
-            x[i // seq, i % seq] = value
-        if i > 0:
-            y[(i - 1) // seq, (i - 1) % seq] = label_of_dev(shard, mask, t, value)
+        if aligned:
+            if j < seq:
+                x[b, j] = value
+            if j > 0:
+                y[b, j - 1] = label_of_dev(shard, mask, t, value)
+        else:
+            if i < n_x:
+                x[b, j] = value
+            if i > 0:
+                y[(i - 1) // seq, (i - 1) % seq] = label_of_dev(shard, mask, t, value)
 
 
 @cuda.jit(cache=True)
@@ -142,14 +159,17 @@ def build_packing_cuda(shard, offsets, doc_packet, doc_col, doc_len, row_docs, p
 
 
 @cuda.jit(cache=True)
-def build_documents_cuda(doc_cum, start, position_ids, document_ids):  # pragma: no cover
+def build_documents_cuda(doc_cum, start, wins, position_ids,
+                         document_ids):  # pragma: no cover - compiled
     """(W, T) ``position_ids`` and ``document_ids`` of packed windows from stream position
-    ``start``, as ``build_documents_cpu``: one thread per token."""
+    ``start`` (or each from ``wins[b]`` where ``wins`` is not empty), as
+    ``build_documents_cpu``: one thread per token."""
     n_windows, seq = position_ids.shape
     n = doc_cum.shape[0]
+    aligned = wins.shape[0] > 0
     for i in range(cuda.grid(1), n_windows * seq, cuda.gridsize(1)):
         b = i // seq
-        s = start + b * seq
+        s = wins[b] if aligned else start + b * seq
         p = s + i % seq
         d = last_at_or_before_dev(doc_cum, 0, n, p)
         d0 = last_at_or_before_dev(doc_cum, 0, n, s)
@@ -169,13 +189,13 @@ SIGNATURES = {
     "build_packed_cuda": (
         build_packed_cuda,
         [
-            "void(uint8[::1], int64[::1], int64[::1], int64[::1], int64, int64[:, ::1], "
-            "int64[:, ::1], uint8[::1], uint8[::1])"
+            "void(uint8[::1], int64[::1], int64[::1], int64[::1], int64, int64[::1], "
+            "int64[:, ::1], int64[:, ::1], uint8[::1], uint8[::1])"
         ],
     ),
     "build_documents_cuda": (
         build_documents_cuda,
-        ["void(int64[::1], int64, int64[:, ::1], int32[:, ::1])"],
+        ["void(int64[::1], int64, int64[::1], int64[:, ::1], int32[:, ::1])"],
     ),
     "build_packing_cuda": (
         build_packing_cuda,

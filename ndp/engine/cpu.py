@@ -26,6 +26,8 @@ from ndp.kernels.verdict import verdicts_cpu
 
 #: a ``vocab`` no id reaches (ids are at most 32 bits): no range check
 NO_LIMIT = 1 << 32
+#: packed windows at ``start + b*T`` (no window's own start: ``ndp.loader.align``)
+NO_WINS = np.zeros(0, np.int64)
 
 #: the outputs of each mode, (name, dtype); "cu_seqlens" is 1-D, the others (rows, columns)
 OUTPUTS = {
@@ -191,17 +193,19 @@ class CpuEngine:
                          pad_id, outs["input_ids"], outs["labels"], outs["attention_mask"])
 
     def build_packed(self, staged: Staged, slot: Slot, rows: np.ndarray, cum: np.ndarray,
-                     start: int, windows: int, outs: dict) -> None:
+                     start: int, windows: int, outs: dict, wins: np.ndarray = NO_WINS) -> None:
+        """Packed windows from stream position ``start`` on, or each from ``wins``' (where
+        given: windows aligned to documents, ``ndp.loader.align``)."""
         self.counters.launches += 1
-        build_packed_cpu(staged.data, staged.offsets, rows, cum, start, outs["x"][:windows],
-                         outs["y"][:windows])
+        build_packed_cpu(staged.data, staged.offsets, rows, cum, start, wins,
+                         outs["x"][:windows], outs["y"][:windows])
 
     def build_documents(self, slot: Slot, doc_cum: np.ndarray, start: int, windows: int,
-                        cu: np.ndarray, outs: dict) -> None:
+                        cu: np.ndarray, outs: dict, wins: np.ndarray = NO_WINS) -> None:
         """Packed windows' ``position_ids``, ``document_ids`` and ``cu_seqlens``
         (``documents=True``): from the documents' stream starts ``doc_cum``."""
         self.counters.launches += 1
-        build_documents_cpu(doc_cum, start, outs["position_ids"][:windows],
+        build_documents_cpu(doc_cum, start, wins, outs["position_ids"][:windows],
                             outs["document_ids"][:windows])
         outs["cu_seqlens"][:cu.shape[0]] = cu
 

@@ -28,7 +28,7 @@ from ndp.engine.backend import simulated
 from ndp.engine.counters import Counters
 from ndp.engine.device import Buffer, configure, external, new_event, new_stream, pinned
 from ndp.engine.gpu import activate, choose_device, select
-from ndp.engine.cpu import CpuEngine, Slot, Staged
+from ndp.engine.cpu import NO_WINS, CpuEngine, Slot, Staged
 from ndp.wire.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE
 from ndp.kernels.crc16 import CRC16_TABLES
 
@@ -187,29 +187,33 @@ class CudaEngine(CpuEngine):
             self.tables["masked"])
 
     def build_packed(self, staged: Staged, slot: Slot, rows: np.ndarray, cum: np.ndarray,
-                     start: int, windows: int, outs: dict) -> None:
+                     start: int, windows: int, outs: dict, wins: np.ndarray = NO_WINS) -> None:
         _, build_cuda = _kernels()
         if not windows:
             return
         n = rows.shape[0]
-        plan = self.upload(slot, "rows", np.concatenate([rows, cum]))  # one copy for both
+        # one copy for the three (``wins``: each window's start, if aligned to documents)
+        plan = self.upload(slot, "rows", np.concatenate([rows, cum, wins]))
         seq = outs["x"].kernel.shape[1]
-        self.launch(build_cuda.build_packed_cuda, windows * seq + 1, build_cuda.BUILD_BLOCK,
+        threads = windows * (seq + 1) if wins.shape[0] else windows * seq + 1
+        self.launch(build_cuda.build_packed_cuda, threads, build_cuda.BUILD_BLOCK,
                     build_cuda.BUILD_BLOCK)(
-            staged.data, staged.offsets, plan[:n], plan[n:], np.int64(start),
+            staged.data, staged.offsets, plan[:n], plan[n:2 * n + 1], np.int64(start),
+            plan[2 * n + 1:],
             outs["x"].kernel[:windows], outs["y"].kernel[:windows], self.tables["width"],
             self.tables["masked"])
 
     def build_documents(self, slot: Slot, doc_cum: np.ndarray, start: int, windows: int,
-                        cu: np.ndarray, outs: dict) -> None:
+                        cu: np.ndarray, outs: dict, wins: np.ndarray = NO_WINS) -> None:
         _, build_cuda = _kernels()
         if not windows:
             return
-        dev = self.upload(slot, "documents", doc_cum)
+        n = doc_cum.shape[0]
+        dev = self.upload(slot, "documents", np.concatenate([doc_cum, wins]))  # one copy
         seq = outs["position_ids"].kernel.shape[1]
         self.launch(build_cuda.build_documents_cuda, windows * seq, build_cuda.BUILD_BLOCK,
                     build_cuda.BUILD_BLOCK)(
-            dev, np.int64(start), outs["position_ids"].kernel[:windows],
+            dev[:n], np.int64(start), dev[n:], outs["position_ids"].kernel[:windows],
             outs["document_ids"].kernel[:windows])
         _, host = self.scratch(slot, "cu_seqlens", cu.shape[0], np.int32)
         host[:cu.shape[0]] = cu

@@ -260,7 +260,7 @@ def decode_packed(
                 f"{out[0].dtype}{out[0].shape}, {out[1].dtype}{out[1].shape}"
             )
         x, y = out[0][:batch_size], out[1][:batch_size]
-    build_packed_cpu(data, offs, rows[:n_rows], cum, start, x, y)
+    build_packed_cpu(data, offs, rows[:n_rows], cum, start, np.zeros(0, np.int64), x, y)
     stats = DecodeStats.from_status(status)
     stats.tokens = batch_size * seq_len
     return PackedBatch(x, y, start, start + batch_size * seq_len, total, status, stats)

@@ -180,20 +180,35 @@ def _stream_case():
     return data, offs
 
 
-@pytest.mark.parametrize("windows,seq_len,start", [(1, 1, 0), (3, 5, 0), (2, 17, 9), (4, 8, 3)])
-def test_build_packed_matches_reference(windows, seq_len, start):
+@pytest.mark.parametrize("windows,seq_len,start,aligned",
+                         [(1, 1, 0, False), (3, 5, 0, False), (2, 17, 9, False),
+                          (4, 8, 3, False), (3, 5, 0, True), (2, 7, 0, True)])
+def test_build_packed_matches_reference(windows, seq_len, start, aligned):
+    """Windows from ``start`` on, or (``aligned``) each at a row's start, some not a window
+    after the one before (``wins``: windows aligned to documents, ``ndp.loader.align``)."""
     data, offs = _stream_case()
     rows, tokens = _rows(data, offs)
     cum = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
+    wins = np.zeros(0, np.int64)
+    if aligned:  # every other row's start that leaves a whole window before the total
+        fit = cum[:-1][cum[:-1] + seq_len + 1 <= cum[-1]]
+        wins = np.ascontiguousarray(fit[::2][:windows], np.int64)
+        assert wins.shape[0] == windows and (np.diff(wins) != seq_len).any()
     x = cuda.to_device(np.full((windows, seq_len), -1, np.int64))
     y = cuda.to_device(np.full((windows, seq_len), -1, np.int64))
     build_cuda.build_packed_cuda[2, BLOCK](
         cuda.to_device(data), cuda.to_device(offs), cuda.to_device(rows), cuda.to_device(cum),
-        np.int64(start), x, y, W, M
+        np.int64(start), cuda.to_device(wins) if aligned else cuda.to_device(np.zeros(1))[:0],
+        x, y, W, M
     )
     rx = np.empty((windows, seq_len), np.int64)
     ry = np.empty((windows, seq_len), np.int64)
-    build_packed_cpu(data, offs, rows, cum, start, rx, ry)
+    build_packed_cpu(data, offs, rows, cum, start, wins, rx, ry)
+    for b in range(windows if aligned else 0):  # each window as one window from its start
+        one = [np.empty((1, seq_len), np.int64) for _ in range(2)]
+        build_packed_cpu(data, offs, rows, cum, int(wins[b]), np.zeros(0, np.int64), *one)
+        np.testing.assert_array_equal(rx[b:b + 1], one[0])
+        np.testing.assert_array_equal(ry[b:b + 1], one[1])
     np.testing.assert_array_equal(x.copy_to_host(), rx)
     np.testing.assert_array_equal(y.copy_to_host(), ry)
 
