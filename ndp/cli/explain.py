@@ -19,7 +19,8 @@ from ndp.wire.format import Dst, Src, Typ
 
 #: what a state records that a Loader takes, by option name
 _FROM_STATE = ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
-               "batch_tokens", "crc_drop_rate", "mix_size", "shuffle_window", "vocab_size")
+               "batch_tokens", "crc_drop_rate", "mix_size", "shuffle_window", "vocab_size",
+               "align")
 
 
 def add(sub: Any) -> None:
@@ -36,6 +37,8 @@ def add(sub: Any) -> None:
                    help="a state the run saved (Loader.state_dict() as JSON): its settings and "
                         "where its epochs began are used, the options below are not")
     p.add_argument("--mode", default="padded", choices=("padded", "packed", "packing"))
+    p.add_argument("--align", default=None, choices=("bos",),
+                   help="packed windows that start at documents, as the run's align='bos'")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--batch-tokens", type=int, default=None)
     p.add_argument("--seq-len", type=int, default=None)
@@ -79,7 +82,7 @@ def _settings(args: argparse.Namespace) -> tuple[dict, dict | None]:
             raise ConfigError("--seq-len is needed (or --state, a state the run saved)")
         kw: dict = dict(mode=args.mode, seq_len=args.seq_len, seed=args.seed, rank=args.rank,
                         world_size=args.world_size, crc_drop_rate=args.crc_drop_rate,
-                        shuffle=not args.no_shuffle)
+                        shuffle=not args.no_shuffle, align=args.align)
         if args.batch_tokens is not None:
             kw["batch_tokens"] = args.batch_tokens
         elif args.batch_size is not None:

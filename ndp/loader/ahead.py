@@ -127,8 +127,8 @@ def guess_end(plan: Any, share: np.ndarray, st: Started, size: int) -> tuple[int
         return None
     if plan.mode != "packed":
         return st.q, 0
-    if st.ex is not None:
-        return None
+    if st.ex is not None or plan.align is not None:  # documents over several packets, or
+        return None  # windows at documents (``ndp.loader.align``): no guess
     B, T = st.shape
     need = st.tok + size * B * T  # the next chunk's first stream token
     run = np.cumsum(plan.share_tokens(share, st.pos, st.q))

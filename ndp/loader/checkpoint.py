@@ -46,7 +46,10 @@ class CheckpointMethods:
                      "mix": plan.mix_spec, "mix_size": plan.mix_size, "order": ORDER,
                      "shuffle_window": plan.shuffle_window, "vocab_size": self.vocab_size,
                      **self._elastic_record(),
-                     **skips.record(plan.skips, plan.skip_packets), **self._state})
+                     **skips.record(plan.skips, plan.skip_packets),
+                     # windows at documents (``ndp.loader.align``); unaligned states as before
+                     **({"align": plan.align} if plan.align is not None else {}),
+                     **self._state})
 
     def _elastic_record(self) -> dict:
         rest = self.plan.elastic

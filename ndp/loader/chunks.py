@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ndp.engine.cpu import CpuEngine, Slot, Staged, TooManyShards
+from ndp.engine.cpu import NO_WINS, CpuEngine, Slot, Staged, TooManyShards
 from ndp.loader.layout import Layout, packed_layout, packing_layout, padded_layout
 from ndp.loader import units
 from ndp.loader.documents import add_documents
@@ -226,7 +226,8 @@ class ChunkDecoder:
                 verdicts, batch_size=B, seq_len=T, pos=pos, tok=tok,
                 counted_from=since if ex is None else units.counted_from(ex, since),
                 max_batches=batches, share_ends=share_ends, final=final,
-                units=None if ex is None else ex.first_of)
+                units=None if ex is None else ex.first_of, aligned=plan.align is not None,
+                place_of=None if ex is None else ex.place_of)
             if plan.documents:  # their boundaries in the windows (``ndp.loader.documents``)
                 add_documents(layout, ex, batch_size=B, seq_len=T)
             return layout if ex is None else units.to_places(layout, ex, verdicts, pos)
@@ -253,11 +254,12 @@ class ChunkDecoder:
                                   max(build["windows"], full), T,
                                   max(build["cu_seqlens"].shape[0], self._segments)
                                   if docs else 0, least=least)
+            wins = build.get("wins", NO_WINS)  # windows aligned to documents (align="bos")
             engine.build_packed(staged, slot, build["rows"], build["cum"], build["start"],
-                                build["windows"], outs)
+                                build["windows"], outs, wins)
             if docs:
                 engine.build_documents(slot, build["doc_cum"], build["start"],
-                                       build["windows"], build["cu_seqlens"], outs)
+                                       build["windows"], build["cu_seqlens"], outs, wins)
         else:
             outs = engine.outputs(slot, mode, max(build["rows"], full), T,
                                   max(build["cu_seqlens"].shape[0], self._segments),

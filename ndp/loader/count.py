@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ndp.loader import align as aligned
 from ndp.loader.epoch import Stopped, window_tokens
 from ndp.loader.packing import count_batches_by_rank, new_carry
 from ndp.loader.shapes import Shapes
@@ -157,17 +158,20 @@ class Count:
 
 def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode: str,
                shapes: Shapes, count: Count, stop: Any = None,
-               publish: Callable[[int], None] | None = None, block: int = BLOCK
-               ) -> tuple[int | None, list[Cut] | None]:
+               publish: Callable[[int], None] | None = None, block: int = BLOCK,
+               align: str | None = None) -> tuple[int | None, list[Cut] | None]:
     """Count ``windows``' epoch for ``RankOrder`` shares of ``length`` places a rank
     (``ndp.loader.share``): ``packed``, every rank's token sum; ``packing``, every rank's
     greedy batch count; ``padded``, every rank's ``Cut`` (``shapes``: the epoch's batch shapes,
-    ``ndp.loader.shapes``). Publishes bounds to ``count`` (and
+    ``ndp.loader.shapes``); packed windows at documents (``align``), every rank's greedy
+    window count (``ndp.loader.align``). Publishes bounds to ``count`` (and
     ``publish``; its ``peak`` too) as it goes; returns (the batch count, or None in padded
     mode; the cut of each rank, or None), for the caller to ``finish`` it with."""
     W, limit = world_size, length * world_size  # places from ``limit`` on are cut from all
     sums = np.zeros(W, np.int64)
     carry = new_carry(W)
+    at_docs = aligned.new_carry(W)  # packed, align="bos"
+    ordered = mode == "packing" or (mode == "packed" and align is not None)
     cuts = np.zeros((4, W), np.int64)  # per rank: tokens, truncated, longer, longest
     # padded: the T of each share position's row (one T: no array)
     seq_len = shapes.lens[0] if shapes.constant else None
@@ -185,6 +189,10 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
         lengths[off:] = toks
         take = np.zeros(off + b - a, bool)
         take[off:] = np.arange(at + a, at + b) < limit
+        if mode == "packed":
+            aligned.count_aligned_by_rank(lengths, take, W, shapes, at_docs)
+            bound(int(aligned.batches(at_docs).min()))
+            return
         count_batches_by_rank(lengths, take, W, shapes, carry)
         bound(int(carry[2].min()))
 
@@ -197,14 +205,15 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
         if mode == "packing" and at == 0:  # a first bound before a whole window is read
             first = min(PRIME, size, limit)
             greedy(tokens_one_by_one(corpus, win, first), 0, first)
-        column = window_tokens(corpus, win) if mode == "packing" else None
+        column = (window_tokens(corpus, win, documents=mode == "packed") if ordered
+                  else None)
         count.peak = max(count.peak, 0 if column is None else size)
         for a in range(first, size, block):
             if stop is not None and stop():
                 raise Stopped("counting an epoch's batches stopped")
             b = min(a + block, size)
             count.peak = max(count.peak, b - a)
-            if mode == "packing":  # in the order's places: the greedy count follows the order
+            if ordered:  # in the order's places: the greedy count follows the order
                 if at + a >= limit:
                     break
                 greedy(column[win.flat(np.arange(a, b, dtype=np.int64))], a, b)
@@ -225,6 +234,8 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
                 cuts[2] += np.bincount(ranks[over > 0], minlength=W)
                 np.maximum.at(cuts[3], ranks, toks)
         at += size
+    if mode == "packed" and align is not None:
+        return int(aligned.batches(at_docs).min()), None
     if mode == "packed":
         return shapes.packed_batches(int(sums.min())), None
     if mode == "packing":

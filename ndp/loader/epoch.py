@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ndp.loader import units
+from ndp.loader import align as aligned, units
 from ndp.loader.order import Window, check_drop_rate, drop_ranges, epoch_windows
 from ndp.loader.packing import count_batches_by_rank, new_carry
 from ndp.loader.shapes import Shapes
@@ -54,15 +54,16 @@ class EpochPlan:
 
 def plan_epoch(corpus: Any, *, epoch: int, seed: int, shuffle: bool, shard_bytes: np.ndarray,
                window_bytes: int | None, rate: float, rank: int, world_size: int, mode: str,
-               shapes: Shapes, stop: Any = None) -> EpochPlan:
+               shapes: Shapes, stop: Any = None, align: str | None = None) -> EpochPlan:
     """This rank's plan of ``epoch`` (see the module docstring): the same packets and counts
     as building the whole order and every rank's share would give; ``shapes``: the epoch's
-    batch shapes from its first batch (``ndp.loader.shapes``). ``stop``: a callable,
+    batch shapes from its first batch (``ndp.loader.shapes``); ``align``: packed windows
+    start at documents (``ndp.loader.align``). ``stop``: a callable,
     asked before each window, that abandons the pass (``Stopped``) when it returns true."""
     check_drop_rate(rate)
     walk = _Walk(corpus, epoch=epoch, seed=seed, shuffle=shuffle, shard_bytes=shard_bytes,
                  window_bytes=window_bytes, rate=rate, rank=rank, world_size=world_size,
-                 mode=mode, shapes=shapes, stop=stop)
+                 mode=mode, shapes=shapes, stop=stop, align=align)
     n, W = int(corpus.n_packets), world_size
     own = np.empty(max(0, (n - rank + W - 1) // W), np.int64)  # this rank's positions
     # padded: their token counts too, for the cut at seq_len (``ndp.loader.truncation``)
@@ -80,7 +81,9 @@ def plan_epoch(corpus: Any, *, epoch: int, seed: int, shuffle: bool, shard_bytes
     else:  # every rank's tokens (packed) or greedy batches (packing, a token budget)
         totals = walk.run(own=None if own_done else own, length=length,
                           own_tokens=None if own_done else own_tokens)
-        if mode == "packed":
+        if mode == "packed" and align is not None:
+            batches = int(aligned.batches(totals.aligned).min())
+        elif mode == "packed":
             batches = shapes.packed_batches(int(totals.sums.min()))
         else:
             batches = int(totals.carry[2].min())
@@ -97,6 +100,7 @@ class _Totals:
     kept: np.ndarray  # per rank: packets kept so far (after CRC-Drop)
     sums: np.ndarray  # packed, per rank: tokens of its first ``length`` kept packets
     carry: np.ndarray  # packing: ``count_batches_by_rank``'s carry
+    aligned: np.ndarray  # packed, align="bos": ``ndp.loader.align.count_aligned_by_rank``'s
     n_own: int = 0  # this rank's kept packets collected
     dropped: int = 0  # this rank's packets dropped
 
@@ -106,12 +110,13 @@ class _Walk:
 
     def __init__(self, corpus: Any, *, epoch: int, seed: int, shuffle: bool,
                  shard_bytes: np.ndarray, window_bytes: int | None, rate: float, rank: int,
-                 world_size: int, mode: str, shapes: Shapes, stop: Any = None) -> None:
+                 world_size: int, mode: str, shapes: Shapes, stop: Any = None,
+                 align: str | None = None) -> None:
         self.corpus, self.epoch, self.seed, self.rate = corpus, epoch, seed, rate
         self.order = {"seed": seed, "epoch": epoch, "shuffle": shuffle,
                       "shard_bytes": shard_bytes, "window_bytes": window_bytes}
         self.rank, self.world, self.mode = rank, world_size, mode
-        self.shapes = shapes
+        self.shapes, self.align = shapes, align
         self.peak = 0
         self.stop = stop
 
@@ -127,7 +132,8 @@ class _Walk:
         rank's tokens (packed) or batches (packing) over its first ``length`` kept packets,
         stopping when all are reached (and ``own`` is not being collected)."""
         W, rank = self.world, self.rank
-        tot = _Totals(np.zeros(W, np.int64), np.zeros(W, np.int64), new_carry(W))
+        tot = _Totals(np.zeros(W, np.int64), np.zeros(W, np.int64), new_carry(W),
+                      aligned.new_carry(W))
         at = 0  # the epoch position of the window's first packet
         for win in epoch_windows(self.corpus.base, **self.order):
             if own is None and length is not None and tot.kept.min() >= length:
@@ -185,7 +191,10 @@ class _Walk:
         tokens = window_tokens(self.corpus, win, documents=self.mode == "packed")
         table = _table(tokens if perm is None else tokens[perm], off, W, 0)
         self._held(take, table)
-        if self.mode == "packed":
+        if self.mode == "packed" and self.align is not None:  # in order: windows at documents
+            aligned.count_aligned_by_rank(table.ravel(), take.ravel(), W, self.shapes,
+                                          tot.aligned)
+        elif self.mode == "packed":
             tot.sums += np.where(take, table, 0).sum(axis=0)
         else:
             count_batches_by_rank(table.ravel(), take.ravel(), W, self.shapes, tot.carry)

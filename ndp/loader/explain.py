@@ -271,8 +271,9 @@ def _describe(out: Explanation, chunk: Any, i: int, engine: CpuEngine, corpus: A
         out.rows = int(b - a)
     else:
         rows, cum, start = build["rows"], build["cum"], int(build["start"])
+        wins = build.get("wins")  # windows at documents (``ndp.loader.align``)
         for w in range(i * B, (i + 1) * B):
-            s = start + w * T
+            s = start + w * T if wins is None else int(wins[w])
             e = s + T + 1  # the window's T + 1 tokens: x its first T, y its last T
             j = int(np.searchsorted(cum, s, side="right")) - 1
             while j < rows.shape[0] and cum[j] < e:

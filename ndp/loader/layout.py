@@ -36,14 +36,16 @@ from typing import Any
 
 import numpy as np
 
+from ndp.loader.align import aligned_windows
+from ndp.loader.documents import document_starts
 from ndp.loader.packing_chunk import packing_chunk
 from ndp.kernels.verdict import count, status_of, tokens_of
 from ndp.wire.format import DropReason
 
 #: the first columns of ``Layout.counts``: what each batch counted (``LoaderStats`` fields)
 COUNTS = ("packets", "valid", "tokens", "truncated_tokens", "empty_batches", "repeated",
-          "dropped_on_purpose")
-PACKETS, VALID, TOKENS, TRUNCATED, EMPTY, REPEATED, ON_PURPOSE = range(len(COUNTS))
+          "dropped_on_purpose", "left_over_tokens")
+PACKETS, VALID, TOKENS, TRUNCATED, EMPTY, REPEATED, ON_PURPOSE, LEFT_OVER = range(len(COUNTS))
 #: then one column per drop reason (``stats.corrupt``'s names), from code 1 on
 REASONS = tuple(DropReason(c).name for c in range(1, len(DropReason)))
 N_COUNTS = len(COUNTS) + len(REASONS)
@@ -136,7 +138,8 @@ def padded_layout(verdicts: np.ndarray, *, batch_size: int, max_len: int, pos: i
 
 def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: int, tok: int,
                   counted_from: int, max_batches: int, share_ends: bool,
-                  final: bool = False, units: np.ndarray | None = None) -> Layout:
+                  final: bool = False, units: np.ndarray | None = None,
+                  aligned: bool = False, place_of: np.ndarray | None = None) -> Layout:
     """Up to ``max_batches`` batches of windows from stream token ``tok`` of the chunk (which
     starts at share position ``pos``). ``counted_from``: the first chunk packet no earlier batch
     counted. ``share_ends``: the chunk runs to the end of this rank's share, so what its
@@ -144,19 +147,30 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
     left unused); so is ``final`` when the batches are all ``max_batches``: the chunk ends
     the epoch's last batch and holds the rest of the share. ``units``: where each place's
     packets start among the chunk's (and their end), when a place holds several (a document,
-    ``ndp.loader.units``): a batch that reaches a place's first packet counts all of them. The
-    build plan is ``rows``, ``cum`` (stream position of each row, and the total), ``start``
-    and ``windows``."""
+    ``ndp.loader.units``): a batch that reaches a place's first packet counts all of them.
+    ``aligned``: windows start at documents (``align="bos"``, ``ndp.loader.align``; the state
+    after a batch is then its search point); ``place_of``: each packet's place, where places
+    hold documents split over packets (a document starts at a place's first valid packet).
+    The build plan is ``rows``, ``cum`` (stream position of each row, and the total),
+    ``start`` and ``windows`` (and aligned, ``wins``: each window's start)."""
     per_batch = batch_size * seq_len
     counted_from = min(counted_from, verdicts.shape[0])
     tokens = tokens_of(verdicts)
     run = np.cumsum(tokens)  # stream position after each packet
     starts = run - tokens  # stream position of each packet's first token
     total = int(run[-1]) if run.shape[0] else 0
-    nb = max(0, min(max_batches, (total - tok - 1) // per_batch))
     rows = np.flatnonzero(verdicts >= 0).astype(np.int64)
     cum = np.concatenate([[0], np.cumsum(tokens[rows])]).astype(np.int64)
-    ends = tok + np.arange(1, nb + 1, dtype=np.int64) * per_batch  # next batch's start
+    wins = left = docs = None
+    if not aligned:
+        nb = max(0, min(max_batches, (total - tok - 1) // per_batch))
+        ends = tok + np.arange(1, nb + 1, dtype=np.int64) * per_batch  # next batch's start
+    else:  # each window at a document's start; ``ends``: each batch's search point after it
+        docs = document_starts(rows, cum, place_of)
+        wins, ends, left = aligned_windows(docs, total=total, tok=tok,
+                                           batch_size=batch_size, seq_len=seq_len,
+                                           most=max(max_batches, 0))
+        nb = ends.shape[0]
     # the packets each batch reaches: those starting before one past the last token it reads
     reached = np.maximum.accumulate(np.maximum(
         np.searchsorted(starts, ends + 1, side="left"), counted_from))
@@ -167,14 +181,17 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
     before = np.where(skips > 0, run[np.maximum(skips - 1, 0)], 0) if nb else skips
     counts = count_rows(verdicts, bounds)
     counts[:, TOKENS] = per_batch
+    build = {"rows": rows, "cum": cum, "start": tok, "windows": nb * batch_size}
+    if left is not None:
+        counts[:, LEFT_OVER] = left
+        build["wins"], build["doc_starts"] = wins, docs
     windows = np.arange(nb + 1, dtype=np.int64) * batch_size
     first = int(bounds[-1])
     layout = _layout(nb, {"x": windows, "y": windows}, pos + skips, ends - before, counts,
-                     bounds, pos, build={"rows": rows, "cum": cum, "start": tok,
-                                         "windows": nb * batch_size}, packets_used=first)
+                     bounds, pos, build=build, packets_used=first)
     if (share_ends and nb < max_batches) or (final and nb == max_batches):
         end = count(verdicts[first:])
-        end["unused_tokens"] = max(total - tok - nb * per_batch, 0)
+        end["unused_tokens"] = max(total - (int(ends[-1]) if nb else tok), 0)
         end["_range"] = (pos + first, pos + verdicts.shape[0])
         layout.end = end
         layout.packets_used = verdicts.shape[0]

@@ -105,7 +105,7 @@ from ndp.loader.running import LIVE, ProducerThread, refuse_if_forked
 from ndp.store.corpus import Corpus
 from ndp.engine.cpu import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
-from ndp.errors import ConfigError, LoaderUsageError, past_aliases
+from ndp.errors import LoaderUsageError, past_aliases
 from ndp.loader import skips, units
 from ndp.loader.options import (  # noqa: F401 - MODES
     MODES, check_cache_limit, check_options, check_world, data_name, no_batch)
@@ -161,6 +161,7 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
         skip: Sequence[tuple[int, int]] | None = None,
         skip_packets: Sequence[int] | None = None,
         documents: bool = False,
+        align: str | None = None,
     ) -> None:
         check_options(mode=mode, batch_size=batch_size, seq_len=seq_len,
                       batch_tokens=batch_tokens, prefetch=prefetch,
@@ -168,11 +169,8 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
                       vocab_size=vocab_size, output=output, crc_drop_rate=crc_drop_rate,
                       shuffle=shuffle, resident=resident, progress=progress, verify=verify,
                       manifest=manifest, device=device, device_budget=device_budget,
-                      cache_limit=cache_limit, mix=mix, max_steps=max_steps)
-        if documents and mode != "packed":
-            raise ConfigError(f"`documents=True` marks document boundaries in packed windows; "
-                              f"mode={mode!r} rows already hold one example each (packing: "
-                              f"see its position_ids and cu_seqlens)")
+                      cache_limit=cache_limit, mix=mix, max_steps=max_steps,
+                      documents=documents, align=align)
         # Python's own types from here on (a NumPy int or bool passes the checks); a batch
         # shape of one phase is its int (``ndp.loader.shapes``), as states record it
         batch_size, seq_len, batch_tokens = (
@@ -212,7 +210,7 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
         self.plan.max_steps = None if max_steps is None else int(max_steps)
         self.plan.skips = skips.check_skip(skip)  # run steps left out (``ndp.loader.skips``)
         self.plan.skip_packets = skips.check_packets(skip_packets, self.corpus.n_packets)
-        self.plan.documents = bool(documents)
+        self.plan.documents, self.plan.align = bool(documents), align
         if self.backend == "cuda":
             from ndp.engine.cuda import CudaEngine
             from ndp.loader.device_shards import DeviceShards

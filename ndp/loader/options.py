@@ -13,6 +13,7 @@ import numpy as np
 from ndp.checks import INT32_END, choice, flag, integer
 from ndp.engine.cpu import OUTPUTS, grow
 from ndp.errors import CacheFullError, ConfigError, DataError
+from ndp.loader.align import ALIGNS
 from ndp.loader.order import check_drop_rate, shards_at_once
 from ndp.loader.schedule import Schedule, check_run_end
 from ndp.loader.shapes import Shapes
@@ -27,7 +28,8 @@ def check_options(*, mode: str, batch_size: Any, seq_len: Any, batch_tokens: Any
                   resident: bool = False, progress: bool = False, verify: str = "size",
                   manifest: str = "check", device: int | None = None,
                   device_budget: int | None = None, cache_limit: int | None = None,
-                  mix: Any = None, max_steps: int | None = None) -> None:
+                  mix: Any = None, max_steps: int | None = None, documents: bool = False,
+                  align: str | None = None) -> None:
     """``ConfigError`` for any option of a type or value the Loader cannot work with (one
     check per option, ``ndp.checks``: a string for a number, a float for an integer, NaN, a
     bool for a number, a name not among the allowed ones); torch imported now if the batches
@@ -58,6 +60,17 @@ def check_options(*, mode: str, batch_size: Any, seq_len: Any, batch_tokens: Any
     if mix is not None and not isinstance(mix, (Mapping, Schedule)):
         raise ConfigError(f"mix must be a dict of {{source: weight}}, a Schedule of them, or "
                           f"None, got {type(mix).__name__}")
+    if flag("documents", documents) and mode != "packed":
+        raise ConfigError(f"`documents=True` marks document boundaries in packed windows; "
+                          f"mode={mode!r} rows already hold one example each (packing: "
+                          f"see its position_ids and cu_seqlens)")
+    if choice("align", align, ALIGNS) is not None and mode != "packed":
+        raise ConfigError(f"align={align!r} starts packed windows at documents; in "
+                          f"mode={mode!r} every row already starts at an example")
+    if align is not None and isinstance(mix, Schedule):
+        raise ConfigError(f"align={align!r} with a mix Schedule is not supported: a scheduled "
+                          f"mix draws each document with the weights of the step it lands in, "
+                          f"counted for unaligned windows; give a fixed mix, or align=None")
     for b, t in zip(shapes.sizes, shapes.lens):
         check_batch_memory(mode=mode, batch_size=b, seq_len=t, prefetch=prefetch,
                            chunk_batches=chunk_batches)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ndp.loader import units
+from ndp.loader.align import count_aligned
 from ndp.loader.count import Count
 from ndp.loader.epoch import plan_epoch
 from ndp.loader.order import (
@@ -70,6 +71,8 @@ class Plan(Reach, RunSteps, Mixing):
 
     #: packed windows with their documents' boundaries (``ndp.loader.documents``)
     documents = False
+    #: packed windows that start at documents: "bos", else None (``ndp.loader.align``)
+    align: str | None = None
 
     def __init__(self, corpus: Corpus, *, mode: str, batch_size: Any, seq_len: Any,
                  shuffle: bool, seed: int, rank: int, world_size: int, crc_drop_rate: float,
@@ -273,7 +276,7 @@ class Plan(Reach, RunSteps, Mixing):
                                 shard_bytes=self._shard_bytes, window_bytes=self._window_bytes,
                                 rate=self.crc_drop_rate, rank=self.rank,
                                 world_size=self.world_size, mode=self.mode,
-                                shapes=self.shapes_of(epoch), stop=stop)
+                                shapes=self.shapes_of(epoch), stop=stop, align=self.align)
             self.peak_plan_elements = walked.peak
             own, m = walked.own, walked.length
             packets = np.concatenate([own, own]) if self.mode == "packed" else own
@@ -336,6 +339,8 @@ class Plan(Reach, RunSteps, Mixing):
                   "mode": self.mode, "batch_size": shapes.sizes[0], "seq_len": shapes.lens[0],
                   "world_size": self.world_size, "seed": self.seed, "epoch": epoch,
                   "shuffle": self.shuffle, "shuffle_window": self.shuffle_window}
+        if self.align is not None:  # windows at documents: other batches (one setting: as
+            fields["align"] = self.align  # before)
         if not shapes.constant or shapes.budgeted:  # the epoch's shapes from its first step
             # (and a budget's: its rows are only an estimate); one shape of rows: as before
             fields["shapes"] = shapes.record()
@@ -368,6 +373,8 @@ class Plan(Reach, RunSteps, Mixing):
         if self.mode == "packed":
             if units.active(self.corpus, self.mode):  # each place's document
                 tokens = units.place_tokens(self.corpus, share, tokens)
+            if self.align is not None:  # windows at documents: the greedy, in order
+                return count_aligned(tokens, shapes)
             return shapes.packed_batches(int(tokens.sum()))
         return count_batches(tokens, shapes)
 

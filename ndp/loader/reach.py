@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ndp.loader import units
+from ndp.loader.align import aligned_reach
 from ndp.loader.packing import budget_ends, chain_end
 from ndp.store.columns import tokens_of
 
@@ -25,6 +26,7 @@ class Reach:
 
     corpus: Any
     mode: str
+    align: str | None
     _blocks_of: Any
     _blocks: dict
 
@@ -38,6 +40,8 @@ class Reach:
             if budget:
                 return self.budget_end(share, pos, batches, budget, T)
             return min(pos + batches * B, n)
+        if self.mode == "packed" and self.align is not None:
+            return self._aligned_end(share, pos, tok, batches, B, T)
         if self.mode == "packed":
             need = tok + batches * B * T + 1
             ahead = 64  # a bounded look-ahead: never a cumulative sum over the rest of the epoch
@@ -65,6 +69,27 @@ class Reach:
             if q >= 0:
                 return pos + q
             cap *= 2
+
+    def _aligned_end(self, share: np.ndarray, pos: int, tok: int, batches: int, B: int,
+                     T: int) -> int:
+        """``chunk_end`` of packed windows at documents (``ndp.loader.align``): the greedy
+        over the documents from ``pos``, as far ahead as it needs (past the share's own
+        packets, into its repeat, only if they do not hold enough)."""
+        n = share.shape[0]
+        edge = min(getattr(share, "length", n), n)
+        edge = n if pos >= edge else edge
+        ahead = max(64, 2 * batches * B)
+        while True:
+            end = min(pos + ahead, edge)
+            q = aligned_reach(self.share_tokens(share, pos, end), tok=tok, batch_size=B,
+                              seq_len=T, batches=batches)
+            if q >= 0:
+                return pos + q
+            if end >= edge:
+                if edge >= n:
+                    return n
+                edge = n
+            ahead *= 2
 
     def budget_end(self, share: np.ndarray, pos: int, batches: int, budget: int,
                    row_len: int) -> int:

@@ -258,7 +258,8 @@ def epoch_count(corpus: Any, windows: list, fields: dict, *, rank: int, world_si
         try:
             batches, cuts = count_pass(corpus, windows, world_size=world_size, length=length,
                                        mode=mode, shapes=shapes, count=count, stop=stop,
-                                       publish=None if lock is None else shared.publish)
+                                       publish=None if lock is None else shared.publish,
+                                       align=fields.get("align"))
             if lock is not None:  # with the digests of the entries it was counted from
                 digests = [None if d is None else int(d)
                            for d in getattr(corpus, "digests", [])]

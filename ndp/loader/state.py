@@ -31,7 +31,7 @@ from ndp.loader.plan import Plan
 SETTINGS = ("mode", "seed", "shuffle", "rank", "world_size", "batch_size", "seq_len",
             "batch_tokens",
             "crc_drop_rate", "n_packets", "mix", "vocab_size", "mix_size", "order",
-            "shuffle_window")
+            "shuffle_window", "align")
 #: state versions before the current one that are still read (see ``check_state``)
 OLDER = (1, 2, 3)
 #: versions with the current order that are still read: 4, written before states had ``step``

@@ -16,8 +16,8 @@ import numpy as np
 from ndp.errors import user_level
 from ndp.wire.format import DropReason
 
-from ndp.loader.layout import (COUNTS, EMPTY, ON_PURPOSE, PACKETS, REASONS, REPEATED, TOKENS,
-                               TRUNCATED, VALID)
+from ndp.loader.layout import (COUNTS, EMPTY, LEFT_OVER, ON_PURPOSE, PACKETS, REASONS,
+                               REPEATED, TOKENS, TRUNCATED, VALID)
 
 SKIPPED = DropReason.SKIPPED.name
 
@@ -58,6 +58,9 @@ class LoaderStats:
     skipped_batches: int = 0
     skipped_packets: int = 0
     skipped_tokens: int = 0
+    #: packed windows at documents (``align="bos"``, ``ndp.loader.align``): tokens no window
+    #: reads as an input, passed over to start the next window at a document
+    left_over_tokens: int = 0
     _warned_empty: bool = field(default=False, repr=False, compare=False)
 
     def add(self, other: dict) -> None:
@@ -95,6 +98,7 @@ class LoaderStats:
         self.truncated_tokens += sums[TRUNCATED]
         self.repeated += sums[REPEATED]
         self.dropped_on_purpose += sums[ON_PURPOSE]
+        self.left_over_tokens += sums[LEFT_OVER]
         if any(sums[len(COUNTS):]):
             self._reasons(sums[len(COUNTS):])
         if sums[EMPTY]:
@@ -112,6 +116,7 @@ class LoaderStats:
         self.skipped_packets += sums[PACKETS]
         self.skipped_tokens += sums[TOKENS]
         self.dropped_on_purpose += sums[ON_PURPOSE]
+        self.left_over_tokens += sums[LEFT_OVER]
         if any(sums[len(COUNTS):]):
             self._reasons(sums[len(COUNTS):])
 
@@ -151,6 +156,7 @@ class LoaderStats:
             **({"skipped_batches": self.skipped_batches, "skipped_packets": self.skipped_packets,
                 "skipped_tokens": self.skipped_tokens}
                if self.skipped_batches or self.skipped_packets else {}),
+            **({"left_over_tokens": self.left_over_tokens} if self.left_over_tokens else {}),
             "sources": dict(self.sources), "mix_unused": dict(self.mix_unused),
             "mix_repeated": dict(self.mix_repeated),
         }

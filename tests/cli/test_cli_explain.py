@@ -40,6 +40,24 @@ def test_json_is_what_the_loader_explains(datasets, capsys):
         assert got == ld.explain(9).to_dict()
 
 
+def test_align_bos_from_the_option_and_from_a_state(datasets, tmp_path, capsys):
+    """Windows at documents (``align="bos"``): the same as the API's, whether ``--align``
+    says so or the state the run saved does."""
+    with loader(datasets["main"], align="bos") as ld:
+        want = ld.explain(6).to_dict()
+        state = ld.state_dict()
+    with loader(datasets["main"]) as ld:
+        assert want != ld.explain(6).to_dict()  # other windows than unaligned ones
+    assert main(["explain", str(datasets["main"]), *ARGS, "--align", "bos", "--step", "6",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == want
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    assert main(["explain", str(datasets["main"]), "--state", str(path), "--step", "6",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == want
+
+
 def test_text_names_every_piece_and_drop(datasets, capsys):
     with loader(datasets["main"]) as ld:
         steps = [s for s in range(len(ld)) if ld.explain(s).dropped]

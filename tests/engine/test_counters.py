@@ -108,3 +108,27 @@ def test_per_batch_and_since():
     before = c.as_dict()
     c.launches += 3
     assert c.since(before)["launches"] == 3 and c.since(before)["host_waits"] == 0
+
+
+@pytest.mark.parametrize("documents", (False, True))
+def test_windows_at_documents_cost_no_launch_nor_copy(corpus, documents):
+    """``align="bos"`` (``ndp.loader.align``): each window's start travels with the plan's
+    one copy (and with the documents' starts), so a chunk costs the launches, copies and host
+    waits of unaligned windows on both backends."""
+    counts = {}
+    for align in (None, "bos"):
+        for backend in ("cuda", "cpu"):
+            loader = Loader(corpus, mode="packed", batch_size=2, seq_len=6, backend=backend,
+                            seed=1, output="arrays", resident=True, documents=documents,
+                            align=align)
+            _epoch(loader)
+            loader.close()
+            before = loader.counters.as_dict()
+            _epoch(loader)
+            loader.close()
+            counts[align, backend] = loader.counters.since(before)
+    for backend in ("cuda", "cpu"):
+        plain, aligned = counts[None, backend], counts["bos", backend]
+        assert min(plain["chunks"], aligned["chunks"]) > 3
+        for name in ("launches", "h2d_copies", "d2h_copies", "host_waits"):
+            assert (aligned[name] / aligned["chunks"] == plain[name] / plain["chunks"]), name

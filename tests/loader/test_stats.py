@@ -45,7 +45,8 @@ def test_rows_of_layout_counts_are_added_as_their_batches_were():
     from ndp.loader.layout import COUNTS, EMPTY, N_COUNTS, REASONS
 
     rows = np.zeros((3, N_COUNTS), np.int64)
-    rows[:, :len(COUNTS)] = [[4, 3, 50, 2, 0, 1, 1], [4, 0, 0, 0, 1, 0, 0], [4, 4, 60, 0, 0, 0, 0]]
+    rows[:, :len(COUNTS)] = [[4, 3, 50, 2, 0, 1, 1, 0], [4, 0, 0, 0, 1, 0, 0, 0],
+                             [4, 4, 60, 0, 0, 0, 0, 7]]
     rows[0, len(COUNTS) + REASONS.index("BAD_CRC")] = 1
     rows[1, len(COUNTS) + REASONS.index("EMPTY")] = 4
     stats = LoaderStats(batches=10)
@@ -55,7 +56,7 @@ def test_rows_of_layout_counts_are_added_as_their_batches_were():
     got = stats.as_dict()
     assert (got["batches"], got["packets"], got["valid"], got["tokens"],
             got["truncated_tokens"], got["repeated"], got["dropped_on_purpose"],
-            got["empty_batches"]) == (13, 12, 7, 110, 2, 1, 1, 1)
+            got["empty_batches"], got["left_over_tokens"]) == (13, 12, 7, 110, 2, 1, 1, 1, 7)
     assert got["corrupt"] == {"BAD_CRC": 1, "EMPTY": 4}
 
 
