@@ -75,9 +75,10 @@ def measure(corpus, truth: np.ndarray, *, mode: str, resident: bool, batch: int,
     import ndp
 
     made: list = []
-    base, _, extra = mode.partition("+")  # "packed+documents": documents=True
+    base, *extra = mode.split("+")  # "packed+documents": documents=True; "+bos": align
     options = dict(mode=base, batch_size=batch, seq_len=seq, seed=0, backend="cuda",
-                   resident=resident, output="torch", documents=extra == "documents")
+                   resident=resident, output="torch", documents="documents" in extra,
+                   align="bos" if "bos" in extra else None)
     if not resident:
         options.update(shuffle_window=2 * shard_bytes, device_budget=8 * shard_bytes)
     with null_device.null_device(made):
@@ -101,6 +102,7 @@ def measure(corpus, truth: np.ndarray, *, mode: str, resident: bool, batch: int,
         own = engine.own_seconds - own0
         threads = threading.active_count()
         chunk_batches = loader.chunk_batches
+        stats = loader.stats
         loader.close()
     per = max(batches, 1)
     tokens = batches * batch * seq
@@ -116,6 +118,9 @@ def measure(corpus, truth: np.ndarray, *, mode: str, resident: bool, batch: int,
         "device_calls_per_batch": {k: v / per for k, v in calls.items()},
         "counters_per_batch": {k: v / per for k, v in counts.items() if k != "batches"},
         "threads_alive": threads,
+        # align="bos": of the stream's tokens read or passed over, the share passed over
+        "left_over_share": stats.left_over_tokens / max(stats.tokens + stats.left_over_tokens,
+                                                        1),
     }
 
 
@@ -129,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=4.0,
                     help="timed per run (whole epochs, at least one)")
     ap.add_argument("--modes", default="padded,packed,packing",
-                    help="modes to run; packed+documents: packed with documents=True")
+                    help="modes to run; packed+documents: packed with documents=True; "
+                         "packed+bos: with align='bos' (packed+documents+bos: both)")
     ap.add_argument("--quick", action="store_true", help="small data, for a smoke run")
     add_out_argument(ap)
     args = ap.parse_args(argv)
