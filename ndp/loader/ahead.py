@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ndp.loader.align import aligned_reach
 from ndp.loader.chunks import Started
 
 
@@ -127,12 +128,19 @@ def guess_end(plan: Any, share: np.ndarray, st: Started, size: int) -> tuple[int
         return None
     if plan.mode != "packed":
         return st.q, 0
-    if st.ex is not None or plan.align is not None:  # documents over several packets, or
-        return None  # windows at documents (``ndp.loader.align``): no guess
-    B, T = st.shape
-    need = st.tok + size * B * T  # the next chunk's first stream token
-    run = np.cumsum(plan.share_tokens(share, st.pos, st.q))
-    if not run.shape[0] or int(run[-1]) < need + 1:  # fewer batches than planned
+    if st.ex is not None:
         return None
+    B, T = st.shape
+    tokens = plan.share_tokens(share, st.pos, st.q)
+    run = np.cumsum(tokens)
+    if plan.align is not None:  # windows at documents: the search point after the batches
+        # (``ndp.loader.align``)
+        q, need = aligned_reach(tokens, tok=st.tok, batch_size=B, seq_len=T, batches=size)
+        if q < 0:
+            return None
+    else:
+        need = st.tok + size * B * T  # the next chunk's first stream token
+        if not run.shape[0] or int(run[-1]) < need + 1:  # fewer batches than planned
+            return None
     skip = int(np.searchsorted(run, need, side="right"))  # packets wholly before it
     return st.pos + skip, need - (int(run[skip - 1]) if skip else 0)

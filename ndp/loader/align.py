@@ -153,12 +153,13 @@ def count_aligned_by_rank(lengths: np.ndarray, take: np.ndarray, ranks: int, sha
 
 
 @cpu_kernel
-def _reach(lengths, tok, B, T, most):  # pragma: no cover - compiled
+def _reach(lengths, tok, B, T, most, point):  # pragma: no cover - compiled
     starts = np.zeros(1, np.int64)
     sizes = np.full(1, B, np.int64)
     lens = np.full(1, T, np.int64)
     carry = np.zeros((CARRY, 1), np.int64)
     carry[GAP, 0] = tok
+    at = 0  # stream position of document i's first token
     for i in range(lengths.shape[0]):
         m = lengths[i]
         if m <= 0:
@@ -167,17 +168,23 @@ def _reach(lengths, tok, B, T, most):  # pragma: no cover - compiled
             if carry[NEED, 0] <= m:
                 return i + 1
             carry[NEED, 0] -= m
+            at += m
             continue
         _step(carry, 0, m, starts, sizes, lens)
-        if carry[BATCHES, 0] >= most and carry[NEED, 0] <= 0:
-            return i + 1
+        if carry[BATCHES, 0] >= most:  # the last batch's last window starts here
+            point[0] = at + T
+            if carry[NEED, 0] <= 0:
+                return i + 1
+        at += m
     return -1
 
 
 def aligned_reach(lengths: np.ndarray, *, tok: int, batch_size: int, seq_len: int,
-                  batches: int) -> int:
+                  batches: int) -> tuple[int, int]:
     """How many of the documents ``lengths`` (from the chunk's first, search point ``tok``)
-    ``batches`` aligned batches of one shape read, their last window whole; -1 if they do
-    not fit."""
-    return int(_reach(np.ascontiguousarray(lengths, np.int64), np.int64(tok),
-                      np.int64(batch_size), np.int64(seq_len), np.int64(batches)))
+    ``batches`` aligned batches of one shape read, their last window whole (-1 if they do
+    not fit), and the search point after them (tokens from the first document's start)."""
+    point = np.zeros(1, np.int64)
+    q = int(_reach(np.ascontiguousarray(lengths, np.int64), np.int64(tok),
+                   np.int64(batch_size), np.int64(seq_len), np.int64(batches), point))
+    return q, int(point[0])

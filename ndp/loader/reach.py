@@ -78,12 +78,15 @@ class Reach:
         n = share.shape[0]
         edge = min(getattr(share, "length", n), n)
         edge = n if pos >= edge else edge
-        ahead = max(64, 2 * batches * B)
+        # as far as the last chunk's batches read per batch say, an eighth more
+        per = getattr(self, "_aligned_per_batch", 0.0)
+        ahead = int(batches * per * 1.125) + 64 if per else max(64, 2 * batches * B)
         while True:
             end = min(pos + ahead, edge)
-            q = aligned_reach(self.share_tokens(share, pos, end), tok=tok, batch_size=B,
-                              seq_len=T, batches=batches)
+            q, _ = aligned_reach(self.share_tokens(share, pos, end), tok=tok, batch_size=B,
+                                 seq_len=T, batches=batches)
             if q >= 0:
+                self._aligned_per_batch = q / batches
                 return pos + q
             if end >= edge:
                 if edge >= n:

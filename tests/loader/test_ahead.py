@@ -100,14 +100,15 @@ def assert_same(a: tuple, b: tuple) -> None:
 
 
 @pytest.mark.parametrize("backend", ["cpu", "cuda"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", (*MODES, "packed+bos"))
 def test_staging_ahead_changes_no_batch_state_or_stat(damaged, mode, backend):
     """Damaged packets (and CRC-Drop) in every chunk's neighbourhood: in packed mode they move
     chunks' ends, so some chunks staged ahead are dropped and staged again; the epoch is the
     one of one chunk at a time, batch for batch, state for state. (A ring with room for every
     chunk and the count known before the first: a chunk is staged ahead wherever the plan
     allows, whatever the machine's pace.)"""
-    kw = dict(mode=mode, backend=backend, crc_drop_rate=0.1)
+    kw = dict(mode=mode.split("+")[0], backend=backend, crc_drop_rate=0.1,
+              align="bos" if mode.endswith("+bos") else None)  # windows at documents too
     ahead = make(damaged, True, prefetch=300, **kw)
     len(ahead)
     got = record(ahead)
@@ -116,7 +117,8 @@ def test_staging_ahead_changes_no_batch_state_or_stat(damaged, mode, backend):
     assert want[2]["corrupt"].get("BAD_CRC", 0) > 0
     c = ahead.counters
     assert c.chunks / 3 < c.staged_ahead and c.ahead_dropped <= c.staged_ahead
-    if mode == "packed":  # a chunk holding a damaged packet ends later than the index says
+    if mode.startswith("packed"):  # a chunk holding a damaged packet ends later than the
+        # index says
         assert c.ahead_dropped > 0
 
 
@@ -142,10 +144,11 @@ def test_the_verdicts_of_the_next_chunk_are_queued_before_this_ones_are_waited_f
     """Clean data, the count known, room in the ring for every chunk of the epoch: each
     chunk's verdict wait comes after the next chunk's verdicts were queued, but for the
     epoch's last chunk (the next epoch's first is staged after it); and the build of a chunk
-    follows its own wait. One chunk at a time (overlap off), every wait follows its own
-    chunk's verdicts at once."""
-    for overlap in (True, False):
-        loader = make(clean, overlap, mode="packed", backend="cuda", prefetch=32)
+    follows its own wait, also with windows at documents (``align="bos"``, whose next start
+    the index predicts as well). One chunk at a time (overlap off), every wait follows its
+    own chunk's verdicts at once."""
+    for overlap, align in ((True, None), (False, None), (True, "bos")):
+        loader = make(clean, overlap, mode="packed", backend="cuda", prefetch=32, align=align)
         engine, log = loader.engine, []
         submit, wait = engine.submit_verdicts, engine.read_verdicts
 
