@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from ndp.loader.align import aligned_reach
 from ndp.loader.chunks import Started
 
 
@@ -131,12 +130,11 @@ def guess_end(plan: Any, share: np.ndarray, st: Started, size: int) -> tuple[int
     if st.ex is not None:
         return None
     B, T = st.shape
-    tokens = plan.share_tokens(share, st.pos, st.q)
-    run = np.cumsum(tokens)
+    run = np.cumsum(plan.share_tokens(share, st.pos, st.q))
     if plan.align is not None:  # windows at documents: the search point after the batches
         # (``ndp.loader.align``)
-        q, need = aligned_reach(tokens, tok=st.tok, batch_size=B, seq_len=T, batches=size)
-        if q < 0:
+        q, need = plan.aligned_point(share, st.pos, st.tok, size, B, T)
+        if q < 0 or st.pos + q > st.q:
             return None
     else:
         need = st.tok + size * B * T  # the next chunk's first stream token

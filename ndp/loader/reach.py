@@ -83,16 +83,30 @@ class Reach:
         ahead = int(batches * per * 1.125) + 64 if per else max(64, 2 * batches * B)
         while True:
             end = min(pos + ahead, edge)
-            q, _ = aligned_reach(self.share_tokens(share, pos, end), tok=tok, batch_size=B,
-                                 seq_len=T, batches=batches)
+            q, point = aligned_reach(self.share_tokens(share, pos, end), tok=tok,
+                                     batch_size=B, seq_len=T, batches=batches)
             if q >= 0:
                 self._aligned_per_batch = q / batches
+                # the search point after them, for the guess of the next chunk's start
+                self._aligned_last = (id(share), pos, tok, batches, B, T, q, point)
                 return pos + q
             if end >= edge:
                 if edge >= n:
                     return n
                 edge = n
             ahead *= 2
+
+    def aligned_point(self, share: np.ndarray, pos: int, tok: int, batches: int, B: int,
+                      T: int) -> tuple[int, int]:
+        """``align.aligned_reach`` of the documents from ``pos``: how many ``batches`` read
+        and the search point after them, as the last ``chunk_end`` found it if it was asked
+        the same (the producer asks both for every chunk), else by the index."""
+        last = getattr(self, "_aligned_last", None)
+        if last is not None and last[:6] == (id(share), pos, tok, batches, B, T):
+            return last[6], last[7]
+        end = self.chunk_end(share, pos, tok, batches, (B, T))
+        return aligned_reach(self.share_tokens(share, pos, end), tok=tok, batch_size=B,
+                             seq_len=T, batches=batches)
 
     def budget_end(self, share: np.ndarray, pos: int, batches: int, budget: int,
                    row_len: int) -> int:
