@@ -8,7 +8,7 @@ segment of its own: the inputs of FlashAttention's varlen kernels (``cu_seqlens`
 A document starts at each valid packet of the stream (a packed stream is documents end to
 end), or, with documents split over packets (``ndp.loader.units``), at the first valid packet
 of each place. The host lays out, per chunk, where they start in the stream (``doc_cum``) and
-the ``cu_seqlens`` (a few NumPy calls over the chunk's documents); the build kernels
+the ``cu_seqlens`` (one compiled pass over the chunk's windows and documents); the build kernels
 (``ndp.kernels.build.build_documents_cpu``, ``build_cuda.build_documents_cuda``) write the
 two (W, T) arrays from ``doc_cum`` alone, reading no packet.
 """
@@ -18,6 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from ndp.engine.cpu import NO_WINS
+from ndp.kernels._jit import cpu_kernel
 
 
 def document_starts(rows: np.ndarray, cum: np.ndarray, place_of: np.ndarray | None
@@ -43,54 +46,47 @@ def add_documents(layout: Any, ex: Any, *, batch_size: int, seq_len: int) -> Any
                                  None if ex is None else ex.place_of)
     doc_cum = starts if starts.shape[0] else np.zeros(1, np.int64)
     build["doc_cum"] = doc_cum
-    wins = build.get("wins")
-    build["cu_seqlens"], at = (
-        _cu_seqlens(doc_cum, int(build["start"]), layout.n, batch_size, seq_len)
-        if wins is None else _cu_seqlens_at(doc_cum, wins, layout.n, batch_size, seq_len))
+    build["cu_seqlens"], at = _cu_seqlens(doc_cum, int(build["start"]),
+                                          build.get("wins", NO_WINS), layout.n, batch_size,
+                                          seq_len)
     layout.rows["position_ids"] = layout.rows["document_ids"] = layout.rows["x"]
     layout.rows["cu_seqlens"] = at
     return layout
 
 
-def _cu_seqlens_at(doc_cum: np.ndarray, wins: np.ndarray, n: int, B: int, T: int
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """``_cu_seqlens`` of windows that start at stream positions ``wins`` (``align="bos"``,
-    ``ndp.loader.align``): per window its start, then the documents starting inside it."""
-    lo = np.searchsorted(doc_cum, wins, side="right")  # the first document past its start
-    hi = np.searchsorted(doc_cum, wins + T, side="left")  # the first at or past its end
-    k = (hi - lo).astype(np.int64)
-    w = np.arange(wins.shape[0], dtype=np.int64)
-    batch = w // B
-    first = np.cumsum(1 + k) - (1 + k) + batch  # where each window's start goes
-    at = np.concatenate([[0], np.cumsum(k.reshape(n, B).sum(axis=1) + B + 1)]).astype(np.int64)
-    cu = np.empty(int(at[-1]), np.int64)
-    cu[first] = (w % B) * T
-    win_of = np.repeat(w, k)
-    j = np.arange(win_of.shape[0], dtype=np.int64) - (np.cumsum(k) - k)[win_of]
-    cu[first[win_of] + 1 + j] = (win_of % B) * T + doc_cum[lo[win_of] + j] - wins[win_of]
-    cu[at[1:] - 1] = B * T
-    return cu.astype(np.int32), at
+@cpu_kernel
+def _segments(doc_cum, start, wins, n, B, T, cu, at):  # pragma: no cover - compiled
+    k = 0
+    d = 0
+    m = doc_cum.shape[0]
+    for b in range(n):
+        at[b] = k
+        for w in range(B):
+            s = wins[b * B + w] if wins.shape[0] else start + (b * B + w) * T
+            cu[k] = w * T
+            k += 1
+            while d < m and doc_cum[d] <= s:  # one at the window's start adds nothing
+                d += 1
+            while d < m and doc_cum[d] < s + T:
+                cu[k] = w * T + doc_cum[d] - s
+                k += 1
+                d += 1
+        cu[k] = B * T
+        k += 1
+    at[n] = k
+    return k
 
 
-def _cu_seqlens(doc_cum: np.ndarray, start: int, n: int, B: int, T: int
+def _cu_seqlens(doc_cum: np.ndarray, start: int, wins: np.ndarray, n: int, B: int, T: int
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every batch's ``cu_seqlens``, one after the other, and where each begins: batch ``i``'s
-    are its windows' starts ``0, T, .., B*T`` merged with the documents starting inside a
-    window (stream positions ``doc_cum``, the chunk's first window at ``start``). Merged by
-    their ranks, without a sort: a window start is preceded by the documents before it, a
-    document by the window starts at or before it."""
-    per = B * T
-    inner = doc_cum[(doc_cum > start) & (doc_cum < start + n * per)] - start
-    inner = inner[inner % T != 0]  # a document starting at a window's start adds nothing
-    b_of = inner // per
-    k = np.bincount(b_of, minlength=n)
-    at = np.concatenate([[0], np.cumsum(k + B + 1)]).astype(np.int64)
-    first = np.concatenate([[0], np.cumsum(k)])[:-1]
-    cu = np.empty(int(at[-1]), np.int64)
-    rel = inner - b_of * per
-    cu[at[b_of] + rel // T + 1 + np.arange(inner.shape[0]) - first[b_of]] = rel
-    w = np.arange(B + 1, dtype=np.int64)
-    grid = (np.arange(n, dtype=np.int64) * per)[:, None] + w * T  # (n, B + 1) chunk positions
-    below = np.searchsorted(inner, grid.ravel()).reshape(n, B + 1) - first[:, None]
-    cu[(at[:-1, None] + w + below).ravel()] = np.broadcast_to(w * T, (n, B + 1)).ravel()
-    return cu.astype(np.int32), at
+    """Every batch's ``cu_seqlens``, one after the other, and where each begins (``n + 1``
+    offsets): batch ``i``'s are, window by window, the window's start (``0, T, ..``) and the
+    documents starting inside it (stream positions ``doc_cum``), then ``B*T``. Window ``w``
+    of the chunk starts at ``start + w*T``, or at ``wins[w]`` where ``wins`` is not empty
+    (windows at documents, ``ndp.loader.align``). One compiled pass over the windows and
+    documents."""
+    cu = np.empty(n * (B + 1) + doc_cum.shape[0], np.int32)
+    at = np.empty(n + 1, np.int64)
+    k = int(_segments(doc_cum, np.int64(start), np.ascontiguousarray(wins, np.int64),
+                      np.int64(n), np.int64(B), np.int64(T), cu, at))
+    return cu[:k], at

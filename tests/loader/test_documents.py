@@ -139,3 +139,32 @@ def test_a_document_mask_blocks_attention_across_documents(datasets):
 def test_documents_are_for_packed_windows():
     with pytest.raises(ndp.ConfigError, match="documents=True"):
         ndp.Loader(golden.HERE, mode="padded", batch_size=2, seq_len=8, documents=True)
+
+
+def test_cu_seqlens_of_random_chunks_equal_a_plain_merge():
+    """The compiled pass against the definition, window by window in plain Python, for
+    windows every ``T`` tokens and windows at documents (``align="bos"``), over 500 random
+    chunks (documents of 1-29 tokens, shapes from 1 x 1)."""
+    from ndp.loader.align import aligned_windows
+    from ndp.loader.documents import _cu_seqlens
+
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        B, T, n = (int(v) for v in rng.integers(1, [5, 20, 6]))
+        lens = rng.integers(1, 30, int(rng.integers(1, 200)))
+        doc_cum = np.concatenate([[0], np.cumsum(lens)])
+        total, start = int(doc_cum[-1]), int(rng.integers(0, 10))
+        doc_cum = doc_cum[:-1].astype(np.int64)
+        wins, ends, _ = aligned_windows(doc_cum, total=total, tok=start, batch_size=B,
+                                        seq_len=T, most=n)
+        for starts in (start + T * np.arange(n * B), wins):
+            given = wins if starts is wins else np.zeros(0, np.int64)
+            got, at = _cu_seqlens(doc_cum, start, given, starts.shape[0] // B, B, T)
+            want = []
+            for b in range(starts.shape[0] // B):
+                for w in range(B):
+                    s = int(starts[b * B + w])
+                    want += [w * T] + [w * T + int(d) - s for d in doc_cum if s < d < s + T]
+                want.append(B * T)
+            assert got.dtype == np.int32 and got.tolist() == want
+            assert at[-1] == len(want)
