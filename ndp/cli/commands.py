@@ -116,6 +116,7 @@ def run_convert(args: argparse.Namespace) -> int:
             ("text", args.text_field), ("messages", args.messages_field),
             ("prompt", args.prompt_field), ("completion", args.completion_field)) if column},
         max_skipped=args.max_skipped,
+        straddle=args.straddle,
         hf_split=args.hf_split,
         storage_options=args.storage_options,
     )

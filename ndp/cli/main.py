@@ -156,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "llm.c, after for llm.q and raw")
     p.add_argument("--max-tokens", type=int, default=2048,
                    help="tokens per example, EOS included")
+    p.add_argument("--straddle", choices=("prompt", "answer"), default="prompt",
+                   help="SFT: who owns a token the tokenizer merged across a prompt/answer "
+                        "boundary (often the answer's leading space): prompt (masked, the "
+                        "default) or answer (trained); the summary counts such tokens")
     p.add_argument("--overflow", choices=("auto", "truncate", "split"), default="auto",
                    help="examples longer than --max-tokens: split (continued in further "
                         "packets) or truncate; auto (default): split plain-text documents "

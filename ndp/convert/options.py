@@ -72,6 +72,9 @@ class ConvertOptions:
     fields: dict[str, str] = field(default_factory=dict)
     #: the share of records that may be skipped as bad before the run fails (0.01: 1%)
     max_skipped: float = 0.01
+    #: a token that straddles a prompt/answer boundary is the "prompt"'s (masked) or the
+    #: "answer"'s (a target) (``ndp.convert.tokenizer.tokenize_examples``)
+    straddle: str = "prompt"
     #: the split of a save_to_disk DatasetDict or of an ``hf:`` dataset
     hf_split: str = "train"
     #: fsspec's options for an output URL (``ndp.store.upload``)
@@ -92,6 +95,8 @@ class ConvertSummary:
     truncated: int = 0  # examples cut to max_tokens
     truncated_tokens: int = 0
     split: int = 0  # examples written as several packets
+    #: tokens that straddle a prompt/answer boundary (``ConvertOptions.straddle`` owns them)
+    straddled: int = 0
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> records
     ignored_fields: list[str] = field(default_factory=list)  # columns no schema reads
     shards: list[str] = field(default_factory=list)
@@ -111,6 +116,8 @@ class ConvertSummary:
             f"truncated {self.truncated:,} ({self.truncated_tokens:,} tokens)  "
             f"split {self.split:,} [overflow {describe_overflow(self.overflow)}]  "
             f"skipped {self.skipped_total:,} ({skipped})\n"
+            + (f"{self.straddled:,} tokens straddle a prompt/answer boundary (see --straddle)\n"
+               if self.straddled else "")
             + (f"ignored columns: {', '.join(self.ignored_fields)}\n"
                if self.ignored_fields else "") +
             f"{len(self.shards)} shard(s), {self.bytes / 1e6:.1f} MB in {self.output}  "
@@ -175,6 +182,7 @@ def manifest_extra(summary: ConvertSummary, info, opts: ConvertOptions) -> dict:
         "max_tokens": opts.max_tokens,
         "overflow": opts.overflow,
         "overflow_by_schema": overflow_by_schema(opts.overflow),
+        "straddle": opts.straddle,
         "src": opts.src.name,
         "dst": opts.dst.name,
         "fields": dict(opts.fields),

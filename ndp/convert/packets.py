@@ -27,7 +27,8 @@ from ndp.convert.options import (
 )
 from ndp.convert.records import KNOWN_FIELDS, Example, to_example
 from ndp.convert.sources import read_inputs
-from ndp.convert.tokenizer import chat_renderer, load_tokenizer, tokenize_examples, tokenizer_info
+from ndp.convert.tokenizer import (STRADDLE, chat_renderer, load_tokenizer, tokenize_examples,
+                                   tokenizer_info)
 from ndp.errors import ConfigError, RecordError
 from ndp.wire.format import max_tokens_per_packet, token_typ
 from ndp.wire.packet import encode_tokens
@@ -50,6 +51,8 @@ class PacketMaker:
         if not 0.0 <= opts.max_skipped <= 1.0:
             raise ConfigError(f"`max_skipped` is a share of the records, 0..1 (0.01: 1%); got "
                               f"{opts.max_skipped}")
+        if opts.straddle not in STRADDLE:
+            raise ConfigError(f"`straddle` must be one of {STRADDLE}, got {opts.straddle!r}")
         for name in opts.fields:
             if name not in SCHEMA_FIELDS:
                 raise ConfigError(f"`fields` name {name!r}, which no record schema has; schema "
@@ -98,8 +101,8 @@ class PacketMaker:
 
     def flush(self, batch: list[Example], writer: ShardWriter) -> None:
         opts, summary, width = self.opts, self.summary, self.width
-        for example, (ids, mask) in zip(batch, tokenize_examples(self.tok, batch,
-                                                                 self.info.eos_token_id)):
+        for example, (ids, mask, across) in zip(batch, tokenize_examples(
+                self.tok, batch, self.info.eos_token_id, straddle=opts.straddle)):
             if int(ids.max()) >= 1 << (8 * width):
                 self.skip(RecordError(example.where, f"token id {int(ids.max())} does not fit "
                                       f"{width}-byte tokens", kind="token_range"))
@@ -107,6 +110,7 @@ class PacketMaker:
             n = ids.shape[0]
             most = self.limits[mask is not None]
             summary.examples += 1
+            summary.straddled += across
             if n > most and overflow_rule(opts.overflow, example.schema) == "truncate":
                 summary.truncated += 1
                 summary.truncated_tokens += n - most

@@ -54,7 +54,7 @@ from ndp.store.remote import is_url
 from ndp.store.writer import ShardWriter
 
 _COUNTS = ("examples", "packets", "tokens", "truncated", "truncated_tokens", "split",
-           "input_bytes")
+           "straddled", "input_bytes")
 
 
 class _ConvertFile:

@@ -134,10 +134,22 @@ def chat_renderer(tok: Any):
     return render
 
 
+#: who owns a token that straddles a prompt/answer boundary (``tokenize_examples``)
+STRADDLE = ("prompt", "answer")
+
+
 def tokenize_examples(
-    tok: Any, examples: list[Example], eos_token_id: int
-) -> list[tuple[np.ndarray, np.ndarray | None]]:
-    """(token ids, target mask or None) per example, EOS appended and counted as a target.
+    tok: Any, examples: list[Example], eos_token_id: int, *, straddle: str = "prompt"
+) -> list[tuple[np.ndarray, np.ndarray | None, int]]:
+    """(token ids, target mask or None, tokens straddling a boundary) per example, EOS
+    appended and counted as a target.
+
+    A token is a target when its first character lies in a target span (an answer); a token
+    the tokenizer merged across a span's edge (a prompt's last characters with an answer's
+    first, often the answer's leading space or newline) then belongs to the side it starts on,
+    so an answer's first characters are never trained when they share a token with the
+    prompt. ``straddle="answer"`` makes every token with a character in a span a target
+    instead. Either way such tokens are counted.
 
     One batched call: the Rust tokenizer encodes the batch on every core. Special tokens are
     not added (ndp appends EOS itself), so ids equal ``tok(text, add_special_tokens=False)``.
@@ -156,12 +168,16 @@ def tokenize_examples(
         ids[:-1] = enc["input_ids"][i]
         ids[-1] = eos_token_id
         if not example.masked:
-            out.append((ids, None))
+            out.append((ids, None, 0))
             continue
-        starts = np.array([s for s, _ in enc["offset_mapping"][i]], dtype=np.int64)
+        offsets = np.array(enc["offset_mapping"][i], dtype=np.int64).reshape(-1, 2)
+        starts, ends = offsets[:, 0], offsets[:, 1]
         mask = np.zeros(ids.shape[0], dtype=bool)
+        across = np.zeros(starts.shape[0], dtype=bool)
         for lo, hi in example.targets:
-            mask[:-1] |= (starts >= lo) & (starts < hi)
+            across |= ((starts < lo) & (ends > lo)) | ((starts < hi) & (ends > hi))
+            mask[:-1] |= ((ends > lo) & (starts < hi) if straddle == "answer"
+                          else (starts >= lo) & (starts < hi))
         mask[-1] = True
-        out.append((ids, mask))
+        out.append((ids, mask, int(across.sum())))
     return out

@@ -72,6 +72,37 @@ def test_prompt_completion_masks_prompt_tokens(tmp_path, tokenizer_dir, hf_token
     assert check_roundtrip([src], tmp_path / "out", tokenizer=tokenizer_dir) == 1
 
 
+@pytest.mark.parametrize("straddle", ["prompt", "answer"])
+def test_a_token_across_the_prompt_answer_boundary_goes_where_straddle_says(
+        tmp_path, tokenizer_dir, hf_tokenizer, straddle):
+    """The prompt ends mid-word ("impor" + "t os"): the tokenizer's token over the boundary
+    starts in the prompt, so it is masked by default and a target with ``straddle="answer"``;
+    counted either way, and the manifest records the rule."""
+    prompt, completion = "x = 1\nimpor", "t os\nprint(os.getcwd())\n"
+    enc = hf_tokenizer(prompt + completion, add_special_tokens=False,
+                       return_offsets_mapping=True)
+    across = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < len(prompt) < b]
+    assert len(across) == 1  # the data has the case it tests
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": prompt, "completion": completion}])
+    summary = convert([src], tmp_path / "out", tokenizer=tokenizer_dir,
+                      options=opts(straddle=straddle))
+    (packet,) = packets(tmp_path / "out")
+    assert packet.tokens[:-1].tolist() == enc["input_ids"]
+    labels = packet.labels()
+    assert (labels[across[0]] != IGNORE_INDEX) == (straddle == "answer")
+    assert (labels[:across[0]] == IGNORE_INDEX).all()  # the prompt before it: masked
+    assert (labels[across[0] + 1:] != IGNORE_INDEX).all()  # the answer after it: trained
+    assert summary.straddled == 1
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    assert manifest["straddle"] == straddle and manifest["summary"]["straddled"] == 1
+
+
+def test_straddle_must_be_prompt_or_answer(tmp_path, tokenizer_dir):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    with pytest.raises(ConfigError, match="straddle"):
+        convert([src], tmp_path / "out", tokenizer=tokenizer_dir, options=opts(straddle="both"))
+
+
 def test_chat_records_train_on_assistant_turns(tmp_path, tokenizer_dir, hf_tokenizer):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a loop."},
             {"role": "assistant", "content": "for i in range(3): pass"}]
