@@ -164,8 +164,12 @@ def read_data_file(path: Path, kind: str) -> Iterator[Item]:
             log.debug("%s: nested more than %d levels deep; read line by line", path, MAX_DEPTH)
             yield from _read_json_lines(path, skip=0, size_left=size)
             return
-    count = _parquet_rows(path) if kind == "parquet" else None
-    if count == 0:  # datasets refuses a Parquet file of no rows ("BatchSize must be > 0")
+    # the records, for the progress bar to move with them: a Parquet footer's count, a JSON
+    # Lines or CSV file's lines (less the header); an Arrow file or a JSON array: at the end
+    count = (_parquet_rows(path) if kind == "parquet" else scan.lines if kind == "json"
+             and not array else _lines(path) - 1 if kind in _SEPARATORS else None)
+    if count == 0 and kind == "parquet":  # datasets refuses a Parquet file of no rows
+        # ("BatchSize must be > 0")
         yield f"{path}:end", None, size
         return
     share, counted, n = spread(size, count), 0, 0
@@ -174,7 +178,7 @@ def read_data_file(path: Path, kind: str) -> Iterator[Item]:
         try:
             for record in _records(datasets, path, kind):
                 n += 1
-                nbytes = share(n)
+                nbytes = min(share(n), size - counted)  # a count of lines may be short
                 counted += nbytes
                 yield f"{path}:record {n}", record, nbytes
         except (*_read_errors(), RuntimeError) as err:
@@ -255,6 +259,20 @@ def _bad_csv(path: Path, kind: str, err: BaseException) -> str:
     return (f"{path}: cannot be read as {_NAMES[kind]}: {problem or first_line(err)}; a field "
             f"that holds {name}, a quote or a newline must be quoted: fix the row, or leave "
             f"the file out of the inputs")
+
+
+def _lines(path: Path) -> int:
+    """The lines of a file, compressed or not, as ``NestingScan.lines`` counts them (one pass,
+    at the speed of reading it)."""
+    import fsspec
+
+    newlines, last = 0, b""
+    with fsspec.open(str(path), "rb", compression="infer") as f, contextlib.suppress(
+            *_decompress_errors()):
+        while chunk := f.read(8 << 20):
+            newlines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return newlines + (last not in (b"", b"\n"))
 
 
 def _parquet_rows(path: Path) -> int:

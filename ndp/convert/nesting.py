@@ -35,11 +35,15 @@ _CLASS[ord("\\")] = _BACKSLASH
 
 class NestingScan:
     """Feed a JSON file's bytes in order (``feed``); ``deepest`` is then how deeply it nests,
-    and ``first`` its first byte that is not whitespace (``b"["`` for a JSON array)."""
+    ``first`` its first byte that is not whitespace (``b"["`` for a JSON array), and ``lines``
+    how many lines it holds (a JSON Lines file's records, blank lines aside: the progress
+    bar's count)."""
 
     def __init__(self) -> None:
         self.deepest = 0
         self.first = b""
+        self._newlines = 0
+        self._last = b""  # the last byte fed
         self._level = self._low = 0  # bracket level at the end of what was fed, lowest so far
         self._in_string = False  # at the end of what was fed
         self._backslashes = 0  # how many ended it, escaping a quote at the next chunk's start
@@ -47,6 +51,9 @@ class NestingScan:
     def feed(self, chunk: bytes) -> None:
         if not self.first:
             self.first = chunk.removeprefix(b"\xef\xbb\xbf").lstrip()[:1]
+        if chunk:
+            self._newlines += chunk.count(b"\n")
+            self._last = chunk[-1:]
         data = np.frombuffer(chunk, np.uint8)
         at = np.flatnonzero(_CLASS[data])  # only these bytes matter: ~5% of a text corpus
         kind = _CLASS[data[at]]
@@ -70,6 +77,11 @@ class NestingScan:
             self._in_string = bool(inside[-1]) and not newline[-1]
         trailing = len(chunk) - len(chunk.rstrip(b"\\"))
         self._backslashes = trailing + (self._backslashes if trailing == len(chunk) else 0)
+
+    @property
+    def lines(self) -> int:
+        """Lines fed: one ends at each newline, and at the end without one."""
+        return self._newlines + (self._last not in (b"", b"\n"))
 
     def _unescaped_quotes(self, at: np.ndarray, kind: np.ndarray) -> np.ndarray:
         """Which of the bytes at ``at`` are quotes that open or close a string: a quote after

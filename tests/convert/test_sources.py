@@ -390,3 +390,30 @@ def test_the_nesting_scan_agrees_with_a_plain_reference_however_the_bytes_are_ch
     scan = NestingScan()
     scan.feed(line.encode() * 3 + json.dumps(record, indent=1).encode())
     assert scan.deepest == 4 and scan.first == b"{"
+
+
+@pytest.mark.parametrize("name", ["in.jsonl", "in.jsonl.gz", "in.csv", "in.parquet"])
+def test_the_progress_bar_moves_with_each_record(tmp_path, name):
+    """Every record counts its share of the file's bytes as it is read (a bar that sat at 0%
+    until a JSON Lines file's end, then jumped to 100%, told nothing for minutes); the
+    shares add up to the file's size."""
+    path = tmp_path / name
+    if name.startswith("in.jsonl"):
+        data = "".join(line + "\n" for line in jsonl_lines()).encode()
+        path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    elif name == "in.csv":
+        import csv
+
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["text"])
+            w.writerows([t] for t in TEXTS)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"text": TEXTS}), path)
+    items = list(read_inputs([path]))
+    shares = [nbytes for _, record, nbytes in items if record is not None]
+    assert len(shares) == N and min(shares) > 0
+    assert sum(nbytes for *_, nbytes in items) == path.stat().st_size
