@@ -152,3 +152,29 @@ def test_every_quickstart_block_that_uses_ndp_imports_it():
     blocks = markdown_blocks((DOCS / "quickstart.md").read_text(encoding="utf-8"))
     lacking = [b.splitlines()[0] for b in blocks if "ndp." in b and "import ndp" not in b]
     assert not lacking, lacking
+
+
+def test_every_results_file_a_page_cites_exists():
+    """A figure quoted in a page names the results file it was read from: each such name, in
+    the docs, the README and the notebooks' text, is a file in benchmarks/results/ (a page
+    citing a file since removed is stale)."""
+    import re
+
+    cited = re.compile(r"\b([a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*-\d{8}-\d{6}(?:-[\w-]+)?\.json)")
+    pages = [*DOCS.rglob("*.md"), ROOT / "README.md", *(ROOT / "notebooks").glob("*.ipynb")]
+    have = {p.name for p in (ROOT / "benchmarks" / "results").iterdir()}
+    missing = {(p.relative_to(ROOT).as_posix(), name) for p in pages
+               for name in cited.findall(p.read_text(encoding="utf-8")) if name not in have}
+    assert len(have) > 50 and not missing, sorted(missing)
+
+
+def test_a_result_measured_on_uncommitted_code_says_so_where_it_is_shown():
+    sys.path.insert(0, str(DOCS / "plugins"))
+    try:
+        from results import Result, provenance
+    finally:
+        sys.path.remove(str(DOCS / "plugins"))
+    for commit, said in (("abc1234-dirty", True), ("abc1234", False)):
+        text = provenance(Result("x-20261127-000000.json", {"machine": {"ndp_commit": commit}}),
+                          None)
+        assert ("not committed" in text) == said and "`abc1234" in text

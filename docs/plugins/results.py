@@ -179,8 +179,13 @@ def provenance(result: Result, page: str | None) -> str:
              f"Machine: {result.machine}. Date: {result.when}."]
     code = (result.report.get("machine") or {}) if isinstance(result.report.get("machine"),
                                                               dict) else {}
-    if code.get("ndp_commit"):
-        lines[-1] += f" ndp: `{code['ndp_commit']}`."
+    commit = code.get("ndp_commit")
+    if commit:
+        lines[-1] += f" ndp: `{commit}`."
+        if str(commit).endswith("-dirty"):  # said where it is shown (issue 38 item 2)
+            lines[-1] += (f" *Measured with changes to ndp's code that were not committed: "
+                          f"the commit `{str(commit)[:-len('-dirty')]}` alone may not give "
+                          f"these figures.*")
     if isinstance(result.report.get("note"), str):
         lines += ["", f"Note recorded in the file: {result.report['note']}"]
     return "\n".join(lines)
