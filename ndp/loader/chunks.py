@@ -79,6 +79,14 @@ class Chunk:
     slot: Slot
     layout: Layout
     started: Started | None = None
+    #: its batches as the consumer hands them out (``Ring.prepare``, on the producer); taken
+    #: once (``take``), so that afterwards only what the user keeps holds the chunk's lease
+    batches: list | None = None
+
+    def take(self) -> list:
+        """The batches, let go of here."""
+        batches, self.batches = self.batches or [], None
+        return batches
 
 
 class ChunkDecoder:

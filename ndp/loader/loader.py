@@ -326,7 +326,7 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
                                       + chunk.layout.first, chunk.layout.n)
                     taken.begin(epoch, chunk.layout, left)
                     self._cut.poll()
-                    for batch in self._ring.serve(chunk.slot, chunk.layout):
+                    for batch in self._ring.serve(chunk.slot, chunk.take()):
                         if limited and self.plan.ended(self.step):  # the run's end
                             return
                         taken.n += 1  # the state and stats follow from it when read

@@ -204,6 +204,7 @@ class Producer:
                                 else int(layout.pos[-1]))
                 pos, tok = int(layout.pos[-1]), int(layout.tok[-1])
                 self.warmer.ahead(share, pos, lambda: plan.planned(epoch + 1))
+                chunk.batches = self.ring.prepare(chunk.slot, layout)  # next() hands them out
                 if not put(("chunk", epoch, chunk)):
                     return None
             else:

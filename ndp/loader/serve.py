@@ -8,11 +8,11 @@ Hence the reuse rule: **a batch's buffers come round for reuse when the consumer
 of the second chunk after its own** (so not before it takes the second batch after it,
 however large the chunks); a batch still referenced then keeps its buffers (below).
 
-Wrap once per chunk, slice after: when the consumer takes a chunk's first batch, each of the
-slot's outputs is wrapped for it (a torch tensor through ``torch.from_numpy`` or DLPack, or the
-array itself) and a batch is a handful of slices of those. The consumer's ``next()`` is a queue
-get and one wrap per output once per chunk, and a few views per batch; no launch, copy or host
-wait per batch.
+Wrap once per chunk, slice after, on the producer: once a chunk is built, each of the slot's
+outputs is wrapped for it (a torch tensor through ``torch.from_numpy`` or DLPack, or the array
+itself) and every batch is made as a dict of slices of those (``prepare``), before the chunk is
+queued. The consumer's ``next()`` takes a chunk from the queue once per chunk and hands out a
+dict per batch: no view, launch, copy or host wait of its own.
 
 Batches held too long are never overwritten: every array a chunk hands out keeps that chunk's
 ``Lease`` alive (the wrapped arrays are made over a small object that holds it, so slices,
@@ -157,20 +157,13 @@ class Ring:
                 "a loss kept with its graph), keep only the current and previous batch, or "
                 ".clone() what you keep.", ResourceWarning, stacklevel=2)
 
-    # ----------------------------------------------------------------------- consumer's side
-    def serve(self, slot: Slot, layout: Layout) -> Iterator[dict]:
-        """The chunk's batches as dicts of views, in order. Taking the first makes the
-        consumer's stream wait for the chunk and gives back the slot two chunks before it."""
-        handle = self._stream_handle()
-        self.engine.consumer_wait(slot, handle)
-        self.held.append(slot)
-        if len(self.held) > 2:
-            old = self.held.pop(0)
-            self.engine.release(old, handle)
-            self._free.put(old)
+    def prepare(self, slot: Slot, layout: Layout) -> list[dict]:
+        """The chunk's batches as dicts of views, in order, made once its outputs are built
+        (the producer's work: the consumer's ``next()`` then only hands one out). The slot's
+        outputs are wrapped for this chunk over a new ``Lease``."""
         n = layout.n
         if not n:
-            return
+            return []
         views = self._views(slot)
         names = list(layout.rows)
         if self.output == "torch":  # one split per output for the whole chunk: a C++ call
@@ -179,17 +172,27 @@ class Ring:
                 rows = layout.rows[name]
                 columns.append(views[name][int(rows[0]):int(rows[n])].split(
                     np.diff(rows).tolist()))
-            for row in zip(*columns):
-                yield dict(zip(names, row))
-            return
+            return [dict(zip(names, row)) for row in zip(*columns)]
         edges = {name: layout.rows[name].tolist() for name in names}
         if self.output == "arrays" and self.engine.backend == "cuda":
-            for i in range(n):  # DeviceArray views (each orders its own DLPack consumer)
-                yield {name: views[name].rows(edges[name][i], edges[name][i + 1])
-                       for name in names}
-            return
-        for i in range(n):
-            yield {name: views[name][edges[name][i]:edges[name][i + 1]] for name in names}
+            # DeviceArray views (each orders its own DLPack consumer)
+            return [{name: views[name].rows(edges[name][i], edges[name][i + 1])
+                     for name in names} for i in range(n)]
+        return [{name: views[name][edges[name][i]:edges[name][i + 1]] for name in names}
+                for i in range(n)]
+
+    # ----------------------------------------------------------------------- consumer's side
+    def serve(self, slot: Slot, batches: list[dict]) -> Iterator[dict]:
+        """A chunk's batches (``prepare``'s), in order. Taking the chunk makes the consumer's
+        stream wait for it and gives back the slot two chunks before it."""
+        handle = self._stream_handle()
+        self.engine.consumer_wait(slot, handle)
+        self.held.append(slot)
+        if len(self.held) > 2:
+            old = self.held.pop(0)
+            self.engine.release(old, handle)
+            self._free.put(old)
+        return iter(batches)
 
     def _views(self, slot: Slot) -> dict:
         """The slot's outputs as the consumer takes them, wrapped for this chunk over a new

@@ -138,3 +138,39 @@ def test_a_chunks_arrays_are_ordered_on_its_own_event(corpus, monkeypatch, outpu
     events = {id(slot.ready) for slot in loader._ring.slots}
     assert seen and all(id(ready) in events for ready, _ in seen)
     assert all(ordered == (output == "torch") for _, ordered in seen)
+
+
+@pytest.mark.parametrize("backend,output", [("cpu", "torch"), ("cpu", "arrays"),
+                                            ("cuda", "torch"), ("cuda", "arrays")])
+def test_the_batches_are_made_on_the_producer_and_next_only_hands_them_out(
+        corpus, backend, output, monkeypatch):
+    """Every chunk's outputs are wrapped and cut into batch dicts by the producer thread
+    before the chunk is queued (``Ring.prepare``): the training loop's thread makes none, and
+    a chunk lets go of its list once taken, so only the batches the user keeps hold it."""
+    import threading
+
+    from ndp.loader.chunks import Chunk
+    from ndp.loader.serve import Ring
+
+    if output == "torch":
+        pytest.importorskip("torch")
+    threads = []
+    wrap, take = Ring._views, Chunk.take
+
+    def views(self, slot):
+        threads.append(threading.current_thread().name)
+        return wrap(self, slot)
+
+    taken = []
+
+    def took(self):
+        batches = take(self)
+        taken.append((self, len(batches)))
+        return batches
+
+    monkeypatch.setattr(Ring, "_views", views)
+    monkeypatch.setattr(Chunk, "take", took)
+    with make(corpus, backend, output, "packed") as loader:
+        n = sum(1 for _ in loader)
+    assert n > 3 and set(threads) == {"ndp-loader"}
+    assert sum(k for _, k in taken) == n and all(c.batches is None for c, _ in taken)
