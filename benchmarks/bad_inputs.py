@@ -54,7 +54,7 @@ from ndp.errors import NDPError  # noqa: E402
 from ndp.loader.loader import Loader  # noqa: E402
 from ndp.wire.packet import encode_tokens  # noqa: E402
 from ndp.store.writer import ShardWriter  # noqa: E402
-from ndp.loader.state import seal  # noqa: E402
+from ndp.loader.states.state import seal  # noqa: E402
 
 CASES: list[tuple[str, str, Callable[[Path], str]]] = []
 LENGTHS = [int(x) for x in np.random.default_rng(1).integers(1, 40, 31)]

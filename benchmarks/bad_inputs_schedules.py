@@ -15,7 +15,7 @@ import warnings
 
 from bad_inputs import NotHandled, batches, case, dataset, loader, refused
 from ndp.loader.loader import Loader
-from ndp.loader.schedule import Schedule
+from ndp.loader.planning.schedule import Schedule
 
 
 def with_seq_len(d, mode: str, seq_len, **kw) -> Loader:

@@ -9,12 +9,12 @@ One corpus of NDP shard files (``--tokens`` int32 tokens in packets of ``--seq``
 the GPU, each pipeline for ``--seconds`` after a warm-up, in one run:
 
 * ``ndp_cuda_host_{padded,packed}``: ``ndp.Loader(backend="cuda")``, shards copied to the device
-  in bulk as needed (``ndp.loader.device_shards``);
+  in bulk as needed (``ndp.loader.pipeline.device_shards``);
 * ``ndp_cuda_resident_{padded,packed}``: the same with every shard on the device;
 * ``ndp_cpu_copy_{padded,packed}``: ``ndp.Loader(backend="cpu")``, each tensor then
   ``.pin_memory().to("cuda", non_blocking=True)``;
 * ``--serial``: each ``ndp_cuda_*`` pipeline again with one chunk at a time (no chunk staged
-  ahead of the one before's layout, ``ndp.loader.ahead``), measured right after it, named
+  ahead of the one before's layout, ``ndp.loader.pipeline.ahead``), measured right after it, named
   ``..._serial``: what two chunks in flight buy on this device;
 * ``nanogpt_get_batch``: nanoGPT's loader (random windows from a memory-mapped token file,
   ``torch.stack``, pinned, ``non_blocking`` upload) over the same tokens.
@@ -117,7 +117,7 @@ def measure(make_iter, *, seconds: float, tokens_per_batch: int, device: str,
 def ndp_iter(root: Path, *, mode: str, backend: str, resident: bool, batch: int, seq: int,
              copy_to: str | None, serial: bool = False):
     """Batches of ``ndp.Loader`` epoch after epoch (and the loader, for its counters);
-    ``serial``: one chunk at a time (``ndp.loader.ahead`` off)."""
+    ``serial``: one chunk at a time (``ndp.loader.pipeline.ahead`` off)."""
     import ndp
 
     loader = ndp.Loader(root / "ndp", mode=mode, batch_size=batch, seq_len=seq, seed=0,

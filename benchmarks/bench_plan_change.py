@@ -7,14 +7,14 @@ for rank 0 in a fresh process, loads the state, and takes the first batch, timed
 peak RSS (VmHWM) and CPU seconds are read at its end:
 
 * ``same settings``: a plain resume (the baseline);
-* ``another mix``: weights 20/80 (the rest of the epoch mixed again: ``ndp.loader.elastic``);
+* ``another mix``: weights 20/80 (the rest of the epoch mixed again: ``ndp.loader.states.elastic``);
 * ``another batch size``: 128 rows instead of 64 (the rest of the epoch in the new shape);
 * ``grown by a shard``: the state saved on the dataset without group b's last shard, resumed on
   the whole one (its epoch over the shards it began with: ``ndp.store.growth``);
 * ``grown and another mix``: both.
 
 How it grows: a plain resume of a mixed run plans the epoch whole, O(packets); a change plans
-the old run's epoch once more (every old rank's share from one order: ``ndp.loader.whole``)
+the old run's epoch once more (every old rank's share from one order: ``ndp.loader.ordering.whole``)
 and the rest once, so O(packets) too, a few times the plain resume's cost.
 
     python benchmarks/bench_plan_change.py --out benchmarks/results      # 1e7 and 1e8 documents

@@ -294,14 +294,14 @@ def main(argv: list[str] | None = None) -> int:
             "epoch_boundary": (
                 "resumed from a state built for batch len(loader) - boundary - 8 of epoch 0 "
                 "(Loader.state_dict() with the position the mode's layout gives after that "
-                "batch, from the index's token counts, sealed by ndp.loader.state.seal and "
+                "batch, from the index's token counts, sealed by ndp.loader.states.state.seal and "
                 "checked by load_state_dict); 8 untimed batches; then every next() of the "
                 "last `boundary` batches of epoch 0 and the first `boundary` of epoch 1, the "
                 "step across the boundary (StopIteration, iter(), first next()) as one wait"),
             "node": "every rank of a node (rank 0..W-1 of W) as W processes started at once, "
                     "open and first batch only: the sum of each process's own peak RSS and "
                     "the slowest open + first batch; the ranks share one epoch count "
-                    "(ndp.loader.shared_count), as a node's ranks do",
+                    "(ndp.loader.planning.shared_count), as a node's ranks do",
             "counts": "every run counts its epochs afresh: NDP_COUNT_CACHE is a new empty "
                       "directory per process (per node for a node's ranks)",
             "ndp_index": "python -m ndp.cli index --write-manifest DIR, timed in a process of "

@@ -80,7 +80,7 @@ def machinery_us(setting: dict, rounds: int = 20_000) -> float:
     schedule."""
     import timeit
 
-    from ndp.loader.shapes import Shapes
+    from ndp.loader.planning.shapes import Shapes
 
     shapes = Shapes.of(setting["batch_size"], setting["seq_len"])
     steps = iter(range(10**9))
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             res = {"decode_alone_tokens_per_s": alone["tokens"] / alone["wall_s"],
                    "train_s_per_token": train}
             # the schedule's own work per chunk, against a chunk's CPU at the fixed shape
-            from ndp.loader.chunks import batches_per_chunk
+            from ndp.loader.pipeline.chunks import batches_per_chunk
 
             chunk_tokens = batches_per_chunk(args.backend, None)(
                 args.batch_size, args.seq_len) * args.batch_size * args.seq_len

@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
-STAGES = (("ndp.loader.stage", "HostStager", "stage", "stage"),
+STAGES = (("ndp.loader.pipeline.stage", "HostStager", "stage", "stage"),
           ("ndp.engine.cpu", "CpuEngine", "submit_verdicts", "verdicts"),
-          ("ndp.loader.chunks", "ChunkDecoder", "_layout", "layout"),
-          ("ndp.loader.chunks", "ChunkDecoder", "_build", "build"),
-          ("ndp.loader.producer", "Producer", "_epoch", "producer"))
+          ("ndp.loader.pipeline.chunks", "ChunkDecoder", "_layout", "layout"),
+          ("ndp.loader.pipeline.chunks", "ChunkDecoder", "_build", "build"),
+          ("ndp.loader.pipeline.producer", "Producer", "_epoch", "producer"))
 
 
 def instrument() -> Counter:

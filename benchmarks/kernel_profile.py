@@ -78,7 +78,7 @@ def drive(mode: str, corpus: Path, batch: int, seq: int, chunks: int) -> dict:
 
     import ndp
     from ndp.engine.backend import simulated
-    from ndp.loader.chunks import CHUNK_BATCHES_MAX
+    from ndp.loader.pipeline.chunks import CHUNK_BATCHES_MAX
 
     profile = not simulated()  # the simulator has no profiler: the test suite drives it so
 

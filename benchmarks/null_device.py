@@ -148,7 +148,7 @@ def engine_class() -> type:
 
 def shards_class() -> type:
     """``NullShards``: the GPU's stage, telling the engine which packets it staged."""
-    from ndp.loader.device_shards import DeviceShards
+    from ndp.loader.pipeline.device_shards import DeviceShards
 
     class NullShards(DeviceShards):
         def stage(self, packets: np.ndarray, slot: Any, entries: Any = None,
@@ -163,7 +163,7 @@ def verdicts_of(corpus: Any) -> np.ndarray:
     """Every packet of ``corpus`` (an ``ndp.store.corpus.Corpus``): its verdict as the CPU
     backend gives it (by global packet number)."""
     from ndp.engine.cpu import CpuEngine, Slot
-    from ndp.loader.stage import HostStager
+    from ndp.loader.pipeline.stage import HostStager
 
     engine, stager, slot = CpuEngine(), HostStager(corpus), Slot(0)
     out = np.empty(len(corpus), np.int64)
@@ -182,7 +182,7 @@ def null_device(calls_out: list) -> Any:
     made are appended to ``calls_out``; torch's current stream is a counted constant."""
     import ndp.adapters.torch as torch_adapter
     import ndp.engine.cuda as cuda_module
-    import ndp.loader.device_shards as shards_module
+    import ndp.loader.pipeline.device_shards as shards_module
 
     null_engine, null_shards = engine_class(), shards_class()
     made = calls_out

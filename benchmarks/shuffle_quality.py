@@ -6,7 +6,7 @@ streaming's ``py1e`` and litdata's ``FullShuffle``, on the same documents, one r
     python benchmarks/shuffle_quality.py --out benchmarks/results   # adds to the project's record
 
 No loader reads any data: each loader's order is a pure function of its shard sizes, seed and
-epoch, and this script computes it with the loader's own code. ndp's from ``ndp.loader.order``; the
+epoch, and this script computes it with the loader's own code. ndp's from ``ndp.loader.ordering.order``; the
 peers' from their published wheels (``pip download --no-deps`` into ``benchmarks/.peers/``,
 pinned below), whose shuffle modules are loaded from the unpacked files without installing the
 packages (MosaicML streaming pins numpy<2.2 and imports torchvision on import): MosaicML's
@@ -60,7 +60,7 @@ MIB = 1 << 20
 def ndp_order(sizes: np.ndarray, shard_bytes: np.ndarray, seed: int, epoch: int,
               window: int | str | None) -> np.ndarray:
     """ndp's order (``window``: bytes, "all", or None for the Loader's default)."""
-    from ndp.loader.order import WINDOW_BYTES, check_window, epoch_order
+    from ndp.loader.ordering.order import WINDOW_BYTES, check_window, epoch_order
 
     base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     return epoch_order(base, seed=seed, epoch=epoch, shuffle=True, shard_bytes=shard_bytes,
@@ -69,7 +69,7 @@ def ndp_order(sizes: np.ndarray, shard_bytes: np.ndarray, seed: int, epoch: int,
 
 def ndp_rotation_order(sizes: np.ndarray, seed: int, epoch: int) -> np.ndarray:
     """ndp's order before the window shuffle (state version 3 and earlier): shards permuted,
-    each read from a random phase (``git show 9efc374:ndp/loader/order.py``)."""
+    each read from a random phase (``git show 9efc374:ndp/loader/ordering/order.py``)."""
     rng = np.random.Generator(np.random.PCG64([seed, epoch, 0x0D3E]))
     base = np.concatenate([[0], np.cumsum(sizes)])
     parts = []

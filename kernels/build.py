@@ -8,7 +8,7 @@ Three layouts, all written into caller-owned int64 arrays:
 * packed (pretraining): the tokens of the rows, concatenated in order, read as one stream; window
   ``w`` is ``stream[start + w*T : start + w*T + T + 1]`` split into ``x[w] = window[:-1]`` and
   ``y[w] = window[1:]`` (``y`` is -100 where that token's mask bit is 0).
-* packing (SFT, packed rows): documents laid end to end in rows (placed by ``ndp.loader.packing``):
+* packing (SFT, packed rows): documents laid end to end in rows (placed by ``ndp.loader.layouts.packing``):
   per document its tokens, labels (-100 at its first token), attention 1 and ``position_ids``
   from 0; padding elsewhere.
 
@@ -197,7 +197,7 @@ def build_packed_cpu(
 ) -> None:
     """Fill (W, T) int64 ``x``/``y`` with windows of T+1 tokens from the concatenated stream:
     window ``b`` from stream position ``start + b*T``, or ``wins[b]`` where ``wins`` is not
-    empty (windows aligned to documents, ``ndp.loader.align``).
+    empty (windows aligned to documents, ``ndp.loader.layouts.align``).
 
     ``cum`` is the exclusive prefix sum of the rows' token counts with the total appended
     (length ``n_rows + 1``); the caller guarantees every window's ``T + 1`` tokens lie before

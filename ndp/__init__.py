@@ -39,7 +39,7 @@ from ndp.errors import (
 from ndp.wire.format import DropReason, Dst, Src, Typ, max_tokens_per_packet
 from ndp.store.index import Index, build_index, load_index, scan, scan_shard
 from ndp.loader.loader import Loader, LoaderStats
-from ndp.loader.schedule import Schedule
+from ndp.loader.planning.schedule import Schedule
 from ndp.loader.metrics import serve_metrics, telemetry_scalars
 from ndp.wire.packet import Packet, crc16_ccitt, decode_packet, encode_packet, encode_tokens
 from ndp.store.remote import RemoteDataset

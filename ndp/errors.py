@@ -49,7 +49,7 @@ class IndexMismatchError(NDPError):
 
 
 class CountCacheError(NDPError):
-    """A batch count cached for a dataset (``ndp.loader.shared_count``) was made from other
+    """A batch count cached for a dataset (``ndp.loader.planning.shared_count``) was made from other
     index entries than the dataset's indexes hold now: the count file is removed, and the
     message says to start again (the epoch is counted afresh)."""
 

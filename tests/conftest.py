@@ -62,7 +62,7 @@ sys.modules.setdefault("ndp_test_helpers", sys.modules[__name__])
 
 @pytest.fixture(autouse=True)
 def _own_count_cache(tmp_path_factory, monkeypatch):
-    """Each test's shared epoch counts (``ndp.loader.shared_count``) in a folder of its own:
+    """Each test's shared epoch counts (``ndp.loader.planning.shared_count``) in a folder of its own:
     none is written to ~/.cache, and none made by one test is found by another."""
     monkeypatch.setenv("NDP_COUNT_CACHE", str(tmp_path_factory.mktemp("counts")))
 

@@ -108,3 +108,14 @@ def test_tests_mirror_the_package():
     loose = {p.name for p in (ROOT / "tests").glob("test_*.py")}
     assert loose == {"test_benchmarks.py", "test_docs.py", "test_layout.py", "test_notebooks.py",
                      "test_packaging.py", "test_readme.py"}
+
+
+def test_every_package_folder_is_installed():
+    """A sub-package missing from pyproject's ``packages`` would be left out of a wheel (and of
+    a non-editable install): every folder of ndp/ with an ``__init__.py`` is listed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in ROOT.glob("ndp/**/__init__.py")}
+    assert found and found | {"ndp.kernels"} == listed

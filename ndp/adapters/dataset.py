@@ -73,7 +73,7 @@ from ndp.kernels.crc16 import CRC16_TABLES, packet_status
 from ndp.kernels.verdict import NO_VOCAB, status_of, verdicts_cpu
 from ndp.checks import INT32_END, choice, integer
 from ndp.loader.options import check_memory
-from ndp.loader.order import check_drop_rate, drop_mask
+from ndp.loader.ordering.order import check_drop_rate, drop_mask
 
 
 # Not cached on disk: Numba's cache checks only the file a function is defined in, and this one

@@ -74,8 +74,8 @@ def _data(items: list[str]) -> Any:
 
 def _settings(args: argparse.Namespace) -> tuple[dict, dict | None]:
     """The Loader's options, and the state to load (or None)."""
-    from ndp.loader.shapes import from_setting
-    from ndp.loader.sources import mix_from_spec
+    from ndp.loader.planning.shapes import from_setting
+    from ndp.loader.ordering.sources import mix_from_spec
 
     if args.state is None:
         if args.seq_len is None:

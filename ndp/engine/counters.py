@@ -26,10 +26,10 @@ class Counters:
     shard_copies: int = 0  # whole shards (or ranges of them) copied to the device
     events_created: int = 0  # CUDA events made (a steady loop reuses its own: none per chunk)
     #: chunks whose batches the consumer still referenced when their ring slot came round
-    #: again: their buffers were left to it and new ones allocated (``ndp.loader.serve``)
+    #: again: their buffers were left to it and new ones allocated (``ndp.loader.pipeline.serve``)
     held_chunks: int = 0
     #: chunks staged, their verdicts queued, before the chunk ahead of them was laid out (two
-    #: chunks in flight, ``ndp.loader.ahead``), and of those the ones not used: the chunk
+    #: chunks in flight, ``ndp.loader.pipeline.ahead``), and of those the ones not used: the chunk
     #: before ended elsewhere than the index said (its dropped packets moved it), or ended
     #: the epoch
     staged_ahead: int = 0

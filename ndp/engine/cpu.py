@@ -1,13 +1,13 @@
 """The decode primitives of a backend, on the buffers of a ring slot: verdicts, and the padded,
 packed and packing builds (``ndp.kernels``). ``CpuEngine`` runs the CPU kernels on host arrays;
 ``ndp.engine.cuda.CudaEngine`` launches the CUDA kernels on its streams. Both have the same methods
-and write the same values, so everything around them (``ndp.loader.layout``, ``ndp.loader.chunks``,
-``ndp.loader.serve``) is backend-agnostic.
+and write the same values, so everything around them (``ndp.loader.layouts.layout``, ``ndp.loader.pipeline.chunks``,
+``ndp.loader.pipeline.serve``) is backend-agnostic.
 
 A ``Slot`` holds one chunk's buffers: scratch (the packets' offsets, their verdicts, the build
 plan) and outputs, each allocated once and grown by powers of two, so a steady loop allocates
 nothing. ``Slot.generation`` changes whenever an output is reallocated, so whoever wrapped the
-outputs (``ndp.loader.serve``) knows to wrap them again.
+outputs (``ndp.loader.pipeline.serve``) knows to wrap them again.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ndp.kernels.verdict import verdicts_cpu
 
 #: a ``vocab`` no id reaches (ids are at most 32 bits): no range check
 NO_LIMIT = 1 << 32
-#: packed windows at ``start + b*T`` (no window's own start: ``ndp.loader.align``)
+#: packed windows at ``start + b*T`` (no window's own start: ``ndp.loader.layouts.align``)
 NO_WINS = np.zeros(0, np.int64)
 
 #: the outputs of each mode, (name, dtype); "cu_seqlens" is 1-D, the others (rows, columns)
@@ -119,7 +119,7 @@ class CpuEngine:
                 least: int = 0) -> dict:
         """The slot's output buffers for ``rows`` x ``cols`` of ``mode`` (and ``extra`` items of
         the 1-D ``cu_seqlens``). Each 2-D output is a view of a flat buffer of at least
-        ``least`` elements (a schedule's largest chunk, ``ndp.loader.shapes``), reallocated
+        ``least`` elements (a schedule's largest chunk, ``ndp.loader.planning.shapes``), reallocated
         only when it is too small: another ``cols`` that fits is the same memory seen in rows
         of ``cols``, allocating nothing. Claims them for writing first (``claim``)."""
         self.claim(slot)
@@ -195,7 +195,7 @@ class CpuEngine:
     def build_packed(self, staged: Staged, slot: Slot, rows: np.ndarray, cum: np.ndarray,
                      start: int, windows: int, outs: dict, wins: np.ndarray = NO_WINS) -> None:
         """Packed windows from stream position ``start`` on, or each from ``wins``' (where
-        given: windows aligned to documents, ``ndp.loader.align``)."""
+        given: windows aligned to documents, ``ndp.loader.layouts.align``)."""
         self.counters.launches += 1
         build_packed_cpu(staged.data, staged.offsets, rows, cum, start, wins,
                          outs["x"][:windows], outs["y"][:windows])

@@ -9,7 +9,7 @@ that orders the consumer after the kernels that wrote it:
   the kernels that wrote the array (its ``ready`` event; without one, on everything queued on
   ndp's stream so far, through CuPy, which implements the DLPack stream rules). No host
   synchronisation, and the consumer does not wait for chunks ndp queued after this one. An
-  array the Loader's ring orders itself (torch output: ``ndp.loader.serve``) is handed over
+  array the Loader's ring orders itself (torch output: ``ndp.loader.pipeline.serve``) is handed over
   with no stream work at all;
 * the consumer's stream is remembered, and before ndp writes the same buffer again it makes its
   own stream wait for everything the consumer had queued on ``S`` up to that moment (one event,
@@ -89,7 +89,7 @@ class DeviceArray:
         self._counters = counters  # ndp.engine.counters.Counters of the decoder that made it
         #: the event recorded after the kernels that wrote it (None: order after the stream)
         self._ready = ready
-        #: the consumer's stream is ordered by the caller (the ring, ``ndp.loader.serve``)
+        #: the consumer's stream is ordered by the caller (the ring, ``ndp.loader.pipeline.serve``)
         self._ordered = ordered
 
     @property
@@ -243,7 +243,7 @@ class Buffer:
     def shaped(self, rows: int, cols: int) -> Buffer:
         """The first ``rows * cols`` elements of this (1-D) buffer as ``rows`` rows of ``cols``:
         the same memory and consumer bookkeeping, nothing allocated (a batch shape that
-        changes with the step, ``ndp.loader.shapes``)."""
+        changes with the step, ``ndp.loader.planning.shapes``)."""
         view = Buffer.__new__(Buffer)
         n = rows * cols
         view.kernel = self.kernel[:n].reshape(rows, cols)
@@ -257,7 +257,7 @@ class Buffer:
 
     def leased(self, stream: Any, array: Any, *, ready: Any = None,
                ordered: bool = False) -> DeviceArray:
-        """``array`` (over this buffer's memory, ``ndp.loader.serve.held``) as a ``DeviceArray``
+        """``array`` (over this buffer's memory, ``ndp.loader.pipeline.serve.held``) as a ``DeviceArray``
         that shares this buffer's consumer bookkeeping (``ready``, ``ordered``: as
         ``DeviceArray`` takes them)."""
         return DeviceArray(array, stream, self.consumers, self.counters, ready=ready,

@@ -1,16 +1,19 @@
-"""The Loader's pipeline, the hot path: ``ndp.Loader`` (``loader``; options in ``options``) plans
-each epoch's order and every rank's share (``order``, ``shuffle``, ``share``, ``plan``,
-``reach``, ``sources`` for mixing, ``epoch`` for CRC-Drop, ``elastic`` for a changed world),
-counts each epoch's batches while it is delivered and shares that count across a node
-(``count``, ``shared_count``), holds its own packets' index entries a window at a time
-(``share_entries``, built ahead by ``warm``), stages bytes where the decoder reads them
-(``stage`` on the host, ``device_shards`` on a GPU), decodes a chunk of batches at a time
-(``chunks``, ``layout``, ``packing``) on a producer thread (``producer``, ``running``), and
-serves them to the training loop (``serve``), with resume states (``state``, ``checkpoint``)
-and what it delivered (``stats``, ``truncation``, ``taken``). Accountability: which packets
-made any step (``explain``), steps left out (``skips``), and the figures a job watches
-(``telemetry``, exported by ``metrics``).
+"""The Loader's pipeline, the hot path: ``ndp.Loader`` (``loader``; its options in ``options``)
+and the stages it runs, a sub-package each:
 
-Imports the engines, storage, the wire format and ``ndp.errors``; torch only in ``serve``,
-through ``ndp.adapters.torch``, when batches are asked for as tensors.
+* ``ordering``: the order of an epoch and each rank's share of it (the shuffle, the share read
+  place by place and its index entries, split documents as one place, mixing);
+* ``planning``: an epoch's batches and the chunks that make them (the plan, the passes that count
+  an epoch and share the count across a node, batch shapes and schedules, skipped steps);
+* ``layouts``: how a chunk's verdicts become batches on the host (padded, packed and packing
+  layouts, sequence packing, document boundaries, windows at documents, truncation);
+* ``pipeline``: the running pipeline on a producer thread (decode a chunk, stage bytes on the
+  host or a GPU, the next chunk staged ahead, the ring of outputs served, what was taken);
+* ``states``: resume states (checked, saved, resumed, continued on another world size).
+
+At the top: what a ``Loader`` delivered (``stats``), which packets made a step (``explain``,
+``explanation``) and the figures a job watches (``telemetry``, exported by ``metrics``).
+
+Imports the engines, storage, the wire format and ``ndp.errors``; torch only in
+``pipeline.serve``, through ``ndp.adapters.torch``, when batches are asked for as tensors.
 """

@@ -4,10 +4,10 @@ A Loader's order is a pure function of (seed, epoch, rank, world size, mix, batc
 the batch of any run step follows from the index and the packets themselves, with nothing
 stored per step. ``explain`` works it out apart from the running Loader, on the CPU and on a
 plan of its own (``Plan.variant``: the same order, CRC-Drop, mix and elastic remainder), with
-the pipeline's own plan and layout (``ndp.loader.chunks``: verdicts, then the layout of the
+the pipeline's own plan and layout (``ndp.loader.pipeline.chunks``: verdicts, then the layout of the
 mode), so what it says is what the Loader delivers, on either backend, row for row:
 
-* the step's epoch and its batch in the epoch (the run's epoch starts, ``ndp.loader.steps``);
+* the step's epoch and its batch in the epoch (the run's epoch starts, ``ndp.loader.planning.steps``);
 * where that batch starts in the rank's share: ``padded`` and ``packing`` batches start where
   the index's token counts say (``Plan.chunk_end``: one compiled pass over the positions
   before it, no packet read); a ``packed`` batch starts after the valid tokens before it, so
@@ -34,11 +34,11 @@ from ndp.engine.cpu import CpuEngine, Slot
 from ndp.errors import StepError
 from ndp.kernels.verdict import NO_VOCAB, status_of, tokens_of
 from ndp.store.columns import tokens_of as tokens_of_entries
-from ndp.loader import units
-from ndp.loader.ahead import plan_chunk
-from ndp.loader.chunks import ChunkDecoder, batches_per_chunk
+from ndp.loader.ordering import units
+from ndp.loader.pipeline.ahead import plan_chunk
+from ndp.loader.pipeline.chunks import ChunkDecoder, batches_per_chunk
 from ndp.loader.explanation import Dropped, Explanation, Piece
-from ndp.loader.stage import HostStager
+from ndp.loader.pipeline.stage import HostStager
 from ndp.wire.format import DropReason
 
 
@@ -271,7 +271,7 @@ def _describe(out: Explanation, chunk: Any, i: int, engine: CpuEngine, corpus: A
         out.rows = int(b - a)
     else:
         rows, cum, start = build["rows"], build["cum"], int(build["start"])
-        wins = build.get("wins")  # windows at documents (``ndp.loader.align``)
+        wins = build.get("wins")  # windows at documents (``ndp.loader.layouts.align``)
         for w in range(i * B, (i + 1) * B):
             s = start + w * T if wins is None else int(wins[w])
             e = s + T + 1  # the window's T + 1 tokens: x its first T, y its last T

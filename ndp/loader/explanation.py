@@ -59,7 +59,7 @@ class Explanation:
     seq_len: int
     pieces: list[Piece] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
-    #: the step lies in a skip range (``ndp.loader.skips``): the batch the order has there,
+    #: the step lies in a skip range (``ndp.loader.planning.skips``): the batch the order has there,
     #: which the Loader does not hand out
     skipped: bool = False
 

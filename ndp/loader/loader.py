@@ -21,7 +21,7 @@ Modes, and which shift labels (said here only; ``NDPDataset`` and ``decode_padde
   and rank splits stay exact (a batch of no row is counted in ``stats.empty_batches`` and
   warned about once). A row keeps a longer packet's first ``seq_len`` tokens: the cut is
   counted per epoch from the index and warned, once per epoch, past 1% of its tokens
-  (``ndp.loader.truncation``).
+  (``ndp.loader.layouts.truncation``).
 * ``packed`` (pretraining): the valid tokens of this rank's packets, in order, form one stream;
   each batch is ``batch_size`` windows of ``seq_len + 1`` tokens split into ``x`` and ``y``,
   **shifted by one** (llm.c layout: ``y[b, t]`` is the token after ``x[b, t]``, or -100 where
@@ -30,18 +30,18 @@ Modes, and which shift labels (said here only; ``NDPDataset`` and ``decode_padde
   never sees. Windows run across packet and shard boundaries; the tokens left over at the end
   of an epoch (less than one batch) are not used, and counted.
 * ``packing`` (SFT, packed rows): short examples laid end to end in full rows, with
-  per-document ``position_ids`` and ``cu_seqlens`` (``ndp.loader.packing``). ``labels`` are
+  per-document ``position_ids`` and ``cu_seqlens`` (``ndp.loader.layouts.packing``). ``labels`` are
   **not shifted**, as in ``padded``, and -100 at each document's first token too: after the
   model's shift that label is the target of the previous document's last token, and no
   document should learn to predict the next one's start.
 
-Order, rank split, mixing and CRC-Drop are ``ndp.loader.order``'s: seeded, a new order every epoch
+Order, rank split, mixing and CRC-Drop are ``ndp.loader.ordering.order``'s: seeded, a new order every epoch
 (documents shuffled across windows of shards of ``shuffle_window`` bytes, 1 GiB by default, or
 ``"all"``; on a GPU two windows' shards are held on the device at once), disjoint shares across
 ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``), and every
-rank delivers the same number of batches per epoch, ``len(loader)`` (``ndp.loader.plan``,
+rank delivers the same number of batches per epoch, ``len(loader)`` (``ndp.loader.planning.plan``,
 counted while the epoch's first batches are delivered and kept for the node's other ranks and
-later runs, ``ndp.loader.shared_count``; what that leaves out or repeats is counted in
+later runs, ``ndp.loader.planning.shared_count``; what that leaves out or repeats is counted in
 ``stats``). On a GPU the Loader decodes on ``device`` (default: torch's current device, else
 ``LOCAL_RANK``, else 0), made current in every thread that does its CUDA work
 (``ndp.engine.gpu``).
@@ -50,7 +50,7 @@ Mixing: ``mix={"code": 0.7, "chat": 0.3}`` with ``data`` a dict of named shard g
 (``mix_by="src"``); every source needs a weight (0 leaves it out, counted). ``mix_size``: the
 epoch ends when a source runs out (``"shortest"``, default), when every source is used whole,
 the smaller ones repeated (``"longest"``), or after that many packets (an int, all ranks
-together); repeats and leftovers are counted per source (``ndp.loader.order.mix``).
+together); repeats and leftovers are counted per source (``ndp.loader.ordering.order.mix``).
 
 A packet a model cannot take is dropped and counted like a corrupt one: one with no tokens
 (``EMPTY``: its row would be all padding, a loss of 0/0) and one with a token id at or past the
@@ -70,22 +70,22 @@ compare its crc32 (``verify="full"``): time to the first batch does not grow wit
 and every packet's CRC is still checked as it is decoded.
 
 The state (``state_dict``) is the epoch, a (packet, token) position in this rank's order and the
-run's step, plus the settings it is only valid for (``ndp.loader.resume``). ``batch_size``,
-``seq_len`` and ``mix`` may change with the step (``ndp.Schedule``, ``ndp.loader.shapes``,
-``ndp.loader.mix_schedule``); ``batch_tokens`` cuts padded and packing batches by a token budget
+run's step, plus the settings it is only valid for (``ndp.loader.states.resume``). ``batch_size``,
+``seq_len`` and ``mix`` may change with the step (``ndp.Schedule``, ``ndp.loader.planning.shapes``,
+``ndp.loader.ordering.mix_schedule``); ``batch_tokens`` cuts padded and packing batches by a token budget
 instead of ``batch_size`` rows.
 
-The pipeline: **plan** (``ndp.loader.plan``), **stage** (``ndp.loader.stage``, on a GPU
-``ndp.loader.device_shards``: whole shards copied in bulk), **decode** (``ndp.loader.chunks``: one
+The pipeline: **plan** (``ndp.loader.planning.plan``), **stage** (``ndp.loader.pipeline.stage``, on a GPU
+``ndp.loader.pipeline.device_shards``: whole shards copied in bulk), **decode** (``ndp.loader.pipeline.chunks``: one
 verdict kernel, one small copy back and one host wait, one build kernel per chunk of batches) and
-**serve** (``ndp.loader.serve``: batches are views into the chunk's outputs). Any
+**serve** (``ndp.loader.pipeline.serve``: batches are views into the chunk's outputs). Any
 ``chunk_batches`` gives the same batches, as the CPU and CUDA backends do, bit for bit.
 
 Prefetch: a producer thread decodes up to ``prefetch`` chunks ahead; its exception is raised by
 ``next()``; ``close()``, the ``with`` block's end, leaving the loop or dropping the Loader stops
 it. Batches are views of a ring of ``max(1, prefetch) + 3`` chunks' buffers, reused from the
 second chunk after a batch's own on; a batch still referenced then keeps its buffers (new ones
-are allocated, warned once: ``ndp.loader.serve``), so a held batch never shows another's tokens.
+are allocated, warned once: ``ndp.loader.pipeline.serve``), so a held batch never shows another's tokens.
 What the decoder did is counted in ``loader.counters`` (``ndp.engine.counters``).
 """
 
@@ -98,29 +98,30 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ndp.engine.backend import resolve_backend
-from ndp.loader.checkpoint import CheckpointMethods
-from ndp.loader.chunks import ChunkDecoder, batches_per_chunk
+from ndp.loader.states.checkpoint import CheckpointMethods
+from ndp.loader.pipeline.chunks import ChunkDecoder, batches_per_chunk
 from ndp.loader.explain import ExplainViews
-from ndp.loader.running import LIVE, ProducerThread, refuse_if_forked
+from ndp.loader.pipeline.running import LIVE, ProducerThread, refuse_if_forked
 from ndp.store.corpus import Corpus
 from ndp.engine.cpu import CpuEngine
 from ndp.kernels.verdict import NO_VOCAB
 from ndp.errors import LoaderUsageError, past_aliases
-from ndp.loader import skips, units
+from ndp.loader.planning import skips
+from ndp.loader.ordering import units
 from ndp.loader.options import (  # noqa: F401 - MODES
     MODES, check_cache_limit, check_options, check_world, data_name, no_batch)
-from ndp.loader.order import WINDOW_BYTES, check_window, rank_and_world
-from ndp.loader.plan import Plan
-from ndp.loader.producer import EPOCH_END, Producer
+from ndp.loader.ordering.order import WINDOW_BYTES, check_window, rank_and_world
+from ndp.loader.planning.plan import Plan
+from ndp.loader.pipeline.producer import EPOCH_END, Producer
 from ndp.progress import progress_bar
-from ndp.loader.schedule import Schedule
-from ndp.loader.serve import Ring
-from ndp.loader.shapes import from_setting, setting, shape_schedule
-from ndp.loader.steps import StepViews
+from ndp.loader.planning.schedule import Schedule
+from ndp.loader.pipeline.serve import Ring
+from ndp.loader.planning.shapes import from_setting, setting, shape_schedule
+from ndp.loader.planning.steps import StepViews
 from ndp.loader.stats import LoaderStats
-from ndp.loader.taken import Taken, TakenViews
+from ndp.loader.pipeline.taken import Taken, TakenViews
 from ndp.loader.telemetry import Waits, telemetry
-from ndp.loader.truncation import CutReport
+from ndp.loader.layouts.truncation import CutReport
 
 class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
     """Batches from NDP shards; see the module docstring for modes, order and validity."""
@@ -172,7 +173,7 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
                       cache_limit=cache_limit, mix=mix, max_steps=max_steps,
                       documents=documents, align=align)
         # Python's own types from here on (a NumPy int or bool passes the checks); a batch
-        # shape of one phase is its int (``ndp.loader.shapes``), as states record it
+        # shape of one phase is its int (``ndp.loader.planning.shapes``), as states record it
         batch_size, seq_len, batch_tokens = (
             None if value is None else setting(shape_schedule(name, value)) for name, value in
             (("batch_size", batch_size), ("seq_len", seq_len), ("batch_tokens", batch_tokens)))
@@ -208,12 +209,12 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
                          crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by,
                          mix_size=mix_size, shuffle_window=shuffle_window)
         self.plan.max_steps = None if max_steps is None else int(max_steps)
-        self.plan.skips = skips.check_skip(skip)  # run steps left out (``ndp.loader.skips``)
+        self.plan.skips = skips.check_skip(skip)  # run steps left out (``ndp.loader.planning.skips``)
         self.plan.skip_packets = skips.check_packets(skip_packets, self.corpus.n_packets)
         self.plan.documents, self.plan.align = bool(documents), align
         if self.backend == "cuda":
             from ndp.engine.cuda import CudaEngine
-            from ndp.loader.device_shards import DeviceShards
+            from ndp.loader.pipeline.device_shards import DeviceShards
 
             self.engine: CpuEngine = CudaEngine(device=device)
             with self.engine.activated():
@@ -221,7 +222,7 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
                                       resident=resident, shuffle=shuffle,
                                       window=check_window(shuffle_window))
         else:
-            from ndp.loader.stage import HostStager
+            from ndp.loader.pipeline.stage import HostStager
 
             self.engine = CpuEngine()
             stager = HostStager(self.corpus, resident=resident)
@@ -240,7 +241,7 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
         self._producer = Producer(self.plan, decoder, self._ring)
         stats = LoaderStats(corrupt_regions=len(self.corpus.corruption),
                             corrupt_bytes=sum(c.length for _, c in self.corpus.corruption))
-        #: the state and stats of what the consumer took, kept lazily (``ndp.loader.taken``)
+        #: the state and stats of what the consumer took, kept lazily (``ndp.loader.pipeline.taken``)
         self._taken = Taken({"epoch": 0, "pos": 0, "tok": 0, "batch": 0}, stats)
         self._cut = CutReport(self.plan, stats)  # padded rows cut: counted, warned
         self._waits = Waits()  # each wait of next() for a chunk (``ndp.loader.telemetry``)
@@ -256,14 +257,14 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
         continues or starts: once a loop has run to its end, the next epoch's, which can
         differ; ``loader.epoch`` says which), exact before the epoch is read: every rank
         delivers as many,
-        whatever is corrupt (``ndp.loader.plan``). It stays the whole epoch after a resume mid-epoch
+        whatever is corrupt (``ndp.loader.planning.plan``). It stays the whole epoch after a resume mid-epoch
         (LR schedules count on it): ``remaining`` is what the next loop yields.
 
         With ``mix=`` it may differ from epoch to epoch. An int ``mix_size`` fixes it in
         ``padded`` mode only: it fixes an epoch's packets, ``batch_size`` to a padded batch;
         ``packed`` and ``packing`` batches follow the tokens of each epoch's packets. With
         ``max_steps`` an epoch counts the batches before the run's end, with ``skip`` those
-        it does not skip (``ndp.loader.skips``)."""
+        it does not skip (``ndp.loader.planning.skips``)."""
         return self.plan.kept_batches(self.epoch)
 
     # ----------------------------------------------------------------------------- iterate
@@ -285,7 +286,7 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
             self._active = token
             if not self._running.running:
                 self._start_producer()
-        # the bar's total once the epoch is counted (``ndp.loader.count``): not waited for
+        # the bar's total once the epoch is counted (``ndp.loader.planning.count``): not waited for
         sized = self.progress and self.plan.counted(self.epoch)
         start, done = self.plan.start_step(self.epoch), self._state["batch"]
         bar = progress_bar(total=len(self) if sized else None,  # the batches a loop yields
@@ -331,7 +332,7 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
                             return
                         taken.n += 1  # the state and stats follow from it when read
                         if left is not None and left[taken.n - 1]:
-                            continue  # a skipped step (``ndp.loader.skips``): counted
+                            continue  # a skipped step (``ndp.loader.planning.skips``): counted
                         if self.progress:
                             if not sized and self.plan.counted(epoch):
                                 sized, bar.total = True, len(self)

@@ -13,10 +13,10 @@ import numpy as np
 from ndp.checks import INT32_END, choice, flag, integer
 from ndp.engine.cpu import OUTPUTS, grow
 from ndp.errors import CacheFullError, ConfigError, DataError
-from ndp.loader.align import ALIGNS
-from ndp.loader.order import check_drop_rate, shards_at_once
-from ndp.loader.schedule import Schedule, check_run_end
-from ndp.loader.shapes import Shapes
+from ndp.loader.layouts.align import ALIGNS
+from ndp.loader.ordering.order import check_drop_rate, shards_at_once
+from ndp.loader.planning.schedule import Schedule, check_run_end
+from ndp.loader.planning.shapes import Shapes
 
 MODES = ("padded", "packed", "packing")
 
@@ -87,7 +87,7 @@ def check_options(*, mode: str, batch_size: Any, seq_len: Any, batch_tokens: Any
 
 def check_cache_limit(corpus: Any, *, shuffle: bool, window: int | None) -> None:
     """``CacheFullError`` if a remote dataset's ``cache_limit`` cannot hold the shards a chunk
-    may read at once (two shuffle windows' worth, ``ndp.loader.order.shards_at_once``)."""
+    may read at once (two shuffle windows' worth, ``ndp.loader.ordering.order.shards_at_once``)."""
     sizes = np.array([s.size for s in corpus.shards], np.int64)
     for dataset in corpus.remotes:
         limit = dataset.cache.limit

@@ -1,8 +1,8 @@
 """What a ``Loader`` has delivered: packets, drops by reason, tokens, waits (``loader.stats``).
 
-Counted on the consumer's side from what each batch's layout counted (``ndp.loader.layout``'s
+Counted on the consumer's side from what each batch's layout counted (``ndp.loader.layouts.layout``'s
 ``counts``, a row a batch), when ``loader.stats`` is read, the next chunk is taken or the epoch
-ends (``ndp.loader.taken``): the figures describe exactly the batches taken so far, and
+ends (``ndp.loader.pipeline.taken``): the figures describe exactly the batches taken so far, and
 ``next()`` does not count them one by one.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from ndp.errors import user_level
 from ndp.wire.format import DropReason
 
-from ndp.loader.layout import (COUNTS, EMPTY, LEFT_OVER, ON_PURPOSE, PACKETS, REASONS,
+from ndp.loader.layouts.layout import (COUNTS, EMPTY, LEFT_OVER, ON_PURPOSE, PACKETS, REASONS,
                                REPEATED, TOKENS, TRUNCATED, VALID)
 
 SKIPPED = DropReason.SKIPPED.name
@@ -33,7 +33,7 @@ class LoaderStats:
     dropped_on_purpose: int = 0  # CRC-Drop
     tokens: int = 0  # tokens delivered (x tokens in packed mode)
     truncated_tokens: int = 0  # padded and packing rows cut at seq_len (from the packets)
-    #: padded mode, the epoch a loop last started (``ndp.loader.truncation``): the tokens its
+    #: padded mode, the epoch a loop last started (``ndp.loader.layouts.truncation``): the tokens its
     #: packets hold by the index, and how many of them its rows cut at seq_len (warned past 1%)
     epoch_tokens: int = 0
     epoch_truncated_tokens: int = 0
@@ -52,13 +52,13 @@ class LoaderStats:
     corrupt_bytes: int = 0
     #: padded mode: batches with no row, every packet of them dropped (warned about once)
     empty_batches: int = 0
-    #: left out on purpose (``ndp.loader.skips``): the batches of skipped steps, the packets
+    #: left out on purpose (``ndp.loader.planning.skips``): the batches of skipped steps, the packets
     #: those took and the packets ``skip_packets`` named, and the tokens of skipped batches
     #: (their corrupt packets are in ``corrupt`` too)
     skipped_batches: int = 0
     skipped_packets: int = 0
     skipped_tokens: int = 0
-    #: packed windows at documents (``align="bos"``, ``ndp.loader.align``): tokens no window
+    #: packed windows at documents (``align="bos"``, ``ndp.loader.layouts.align``): tokens no window
     #: reads as an input, passed over to start the next window at a document
     left_over_tokens: int = 0
     _warned_empty: bool = field(default=False, repr=False, compare=False)

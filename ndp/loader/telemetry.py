@@ -2,7 +2,7 @@
 reason, batches left, per rank and across ranks (``loader.telemetry()``, ``gather``), and
 their export (``ndp.loader.metrics``: Prometheus; a TensorBoard or W&B line).
 
-``next()`` waits only when it takes a new chunk from the producer (``ndp.loader.running``):
+``next()`` waits only when it takes a new chunk from the producer (``ndp.loader.pipeline.running``):
 every other batch is served from the chunk it holds. So ``Waits`` records each of those waits
 (its total, its largest, and a histogram of powers of two from 1 us), and a ``next()`` that
 took no chunk counts as a wait of 0: the quantiles are over every batch handed out. Everything

@@ -1,5 +1,5 @@
 """The digests of a corpus' index entries, held against the counts made from them
-(``IndexDigests``, used by ``ndp.loader.shared_count``).
+(``IndexDigests``, used by ``ndp.loader.planning.shared_count``).
 
 A batch count cached for a dataset names the entries it was counted from: the crc32 of each
 index's checked entries (``ndp.store.lazy.entries_digest``). A run that takes the count from

@@ -6,7 +6,7 @@ of each), so the dataset a state was made on before shards were appended is this
 ``k`` shards, for the ``k`` whose hash of the first ``k`` is the state's (``grown_from``), and
 ``first`` gives it back as a corpus: the same packets under the same numbers, the appended
 ones left out. A shard removed, renamed or rewritten changes every hash from it on: no ``k``
-matches, and the state is refused (``ndp.loader.state``).
+matches, and the state is refused (``ndp.loader.states.state``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A Loader at its default chunk size (64 batches on the CUDA backend), over whole 
 mode, from host memory (shards through the device arena) and resident: per batch at most 0.1
 kernel launches, 0.05 host waits, 0.05 device-to-host copies and 0.1 host-to-device copies, and
 one DLPack export per output per chunk (what lets the ring see whether a chunk's batches are
-still held, ``ndp.loader.serve``), never one per batch.
+still held, ``ndp.loader.pipeline.serve``), never one per batch.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_device_work_per_batch_is_bounded_over_whole_epochs(corpus, mode, batch_
 
 
 def test_documents_cost_one_launch_and_two_copies_a_chunk(corpus):
-    """``documents=True`` (``ndp.loader.documents``): one more kernel (``position_ids`` and
+    """``documents=True`` (``ndp.loader.layouts.documents``): one more kernel (``position_ids`` and
     ``document_ids`` from the documents' starts) and two more copies (those starts, and the
     ``cu_seqlens``) per chunk, on the CPU backend one more kernel call."""
     counts = {}
@@ -112,7 +112,7 @@ def test_per_batch_and_since():
 
 @pytest.mark.parametrize("documents", (False, True))
 def test_windows_at_documents_cost_no_launch_nor_copy(corpus, documents):
-    """``align="bos"`` (``ndp.loader.align``): each window's start travels with the plan's
+    """``align="bos"`` (``ndp.loader.layouts.align``): each window's start travels with the plan's
     one copy (and with the documents' starts), so a chunk costs the launches, copies and host
     waits of unaligned windows on both backends."""
     counts = {}

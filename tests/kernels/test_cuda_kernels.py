@@ -16,7 +16,7 @@ from numba import cuda
 
 from ndp.wire.format import TYP_MASKED_TABLE, TYP_SKIP_TABLE, TYP_WIDTH_TABLE, DropReason
 from ndp.wire.packet import encode_tokens
-from ndp.loader import packing
+from ndp.loader.layouts import packing
 from ndp.kernels import build_cuda, verdict_cuda
 from ndp.kernels.build import build_packed_cpu, build_packing_cpu, build_padded_cpu
 from ndp.kernels.crc16 import CRC16_TABLES, validate_packets_cpu
@@ -185,7 +185,7 @@ def _stream_case():
                           (4, 8, 3, False), (3, 5, 0, True), (2, 7, 0, True)])
 def test_build_packed_matches_reference(windows, seq_len, start, aligned):
     """Windows from ``start`` on, or (``aligned``) each at a row's start, some not a window
-    after the one before (``wins``: windows aligned to documents, ``ndp.loader.align``)."""
+    after the one before (``wins``: windows aligned to documents, ``ndp.loader.layouts.align``)."""
     data, offs = _stream_case()
     rows, tokens = _rows(data, offs)
     cum = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int64)
@@ -215,7 +215,7 @@ def test_build_packed_matches_reference(windows, seq_len, start, aligned):
 
 @pytest.mark.parametrize("rows_per_batch,row_len", [(2, 9), (3, 16)])
 def test_build_packing_matches_reference(rows_per_batch, row_len):
-    """Documents (some masked, some longer than a row, some empty) placed by ``ndp.loader.packing``
+    """Documents (some masked, some longer than a row, some empty) placed by ``ndp.loader.layouts.packing``
     over two batches' rows; every row holds padding after its documents."""
     data, offs = _stream_case()
     rows, tokens = _rows(data, offs)

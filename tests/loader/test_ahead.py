@@ -1,4 +1,4 @@
-"""Two chunks in flight (ndp.loader.ahead): the next chunk is staged and its verdicts queued
+"""Two chunks in flight (ndp.loader.pipeline.ahead): the next chunk is staged and its verdicts queued
 before the chunk ahead of it is laid out, and nothing a user sees changes: the batches, states
 and stats are those of one chunk at a time, also where the guess of the next start was wrong
 (dropped packets moved it) and the chunk was staged again, and where the device arena must keep

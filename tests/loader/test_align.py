@@ -1,4 +1,4 @@
-"""``align="bos"`` (``ndp.loader.align``): packed windows that start at documents.
+"""``align="bos"`` (``ndp.loader.layouts.align``): packed windows that start at documents.
 
 The reference is independent of the code under test: the unaligned Loader with the same
 settings reads the same stream of documents (the order does not depend on alignment), so its
@@ -210,7 +210,7 @@ def test_bad_settings_are_named(datasets, over, match):
 @pytest.mark.parametrize("backend", ("cpu", "cuda"))
 def test_documents_split_over_packets_start_windows_only_at_their_first_piece(tmp_path,
                                                                               backend):
-    """Data whose documents the converter split over packets (``ndp.loader.units``): a
+    """Data whose documents the converter split over packets (``ndp.loader.ordering.units``): a
     window starts at a document's first token (``d*1000 + 1`` there), never at a later
     piece's; a resume mid-epoch goes on with the same windows."""
     from test_units import KW, documents, write

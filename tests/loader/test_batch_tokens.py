@@ -1,5 +1,5 @@
 """Batches cut by a token budget (``batch_tokens=``, padded and packing mode;
-``ndp.loader.shapes``): each batch takes whole examples while their tokens (each cut to
+``ndp.loader.planning.shapes``): each batch takes whole examples while their tokens (each cut to
 ``seq_len``) fit the budget, so rows per batch vary while every rank takes the same number of
 steps; the budget may be a schedule; resumes, ranks and the simulator agree.
 
@@ -15,7 +15,7 @@ import pytest
 
 from ndp.errors import ConfigError, LoaderStateError
 from ndp.loader.loader import Loader
-from ndp.loader.schedule import Schedule
+from ndp.loader.planning.schedule import Schedule
 from ndp.wire.packet import encode_tokens
 
 from ndp_test_helpers import ramp, write_shards

@@ -1,5 +1,5 @@
-"""The Loader's pipeline in chunks (ndp.loader.plan, ndp.loader.chunks, ndp.loader.layout,
-ndp.loader.serve): the batches do not depend on how many are decoded per chunk, resume exactly
+"""The Loader's pipeline in chunks (ndp.loader.planning.plan, ndp.loader.pipeline.chunks, ndp.loader.layouts.layout,
+ndp.loader.pipeline.serve): the batches do not depend on how many are decoded per chunk, resume exactly
 inside and between chunks, are the same from the CUDA backend (simulator) whether shards are
 resident or come and go through the device arena, and the device work per batch is bounded by
 counts, not timings.
@@ -338,7 +338,7 @@ def test_a_first_chunk_read_entry_by_entry_from_a_lying_index_is_read_again(tmp_
     import shutil
     import time
 
-    from ndp.loader import share_entries
+    from ndp.loader.ordering import share_entries
     from ndp.store.index import read_index, write_index
 
     intact = tmp_path / "intact"

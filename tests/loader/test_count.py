@@ -1,4 +1,4 @@
-"""An epoch's batch count made while its batches are delivered (ndp.loader.count): bounds
+"""An epoch's batch count made while its batches are delivered (ndp.loader.planning.count): bounds
 that only grow, the producer delivering what is below them and waiting for the rest, a
 stopped count taken up again, a failed one raised to whoever waits; and the Loader's first
 batches come before the count is known, the same batches as ever."""
@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-import ndp.loader.count as count_module
-from ndp.loader.count import Count
-from ndp.loader.epoch import Stopped
+import ndp.loader.planning.count as count_module
+from ndp.loader.planning.count import Count
+from ndp.loader.planning.epoch import Stopped
 from ndp.loader.loader import Loader
 from ndp.wire.packet import encode_tokens
 
@@ -147,7 +147,7 @@ def test_a_resume_mid_epoch_does_not_wait_for_the_count(tmp_path, monkeypatch):
         assert all(np.array_equal(a[k], b[k]) for k in a)
     loader.close()
     from ndp.errors import LoaderStateError
-    from ndp.loader.state import seal
+    from ndp.loader.states.state import seal
 
     with pytest.raises(LoaderStateError, match=f"batch {n + 1} is outside epoch 0, in which "
                                                f"every rank delivers {n} batches"):

@@ -1,4 +1,4 @@
-"""The GPU's stage (ndp.loader.device_shards) under Numba's simulator: what a chunk reads from the
+"""The GPU's stage (ndp.loader.pipeline.device_shards) under Numba's simulator: what a chunk reads from the
 files, and the index check it makes as shards pass through the bounce buffers.
 
 An index matched by size alone is checked against its packets' headers once, when the shard is
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ndp.errors import IndexMismatchError
-from ndp.loader.device_shards import _PIECE
+from ndp.loader.pipeline.device_shards import _PIECE
 from ndp.loader.loader import Loader
 from ndp.store.files import FILES
 from ndp.wire.format import Typ
@@ -115,7 +115,7 @@ def test_an_index_that_lies_about_a_header_stops_the_gpu_loader(corpus, tmp_path
 def test_a_chunks_distinct_shards_are_np_uniques():
     """``distinct`` (the shards a chunk needs, counted rather than sorted where they span
     little) gives what ``np.unique`` gives, for dense and for sparse shard numbers."""
-    from ndp.loader.device_shards import distinct
+    from ndp.loader.pipeline.device_shards import distinct
 
     rng = np.random.default_rng(0)
     for top in (1, 13, 5000, 10**7):

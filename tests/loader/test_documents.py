@@ -1,4 +1,4 @@
-"""``documents=True`` (``ndp.loader.documents``): packed windows with their documents'
+"""``documents=True`` (``ndp.loader.layouts.documents``): packed windows with their documents'
 ``position_ids``, ``document_ids`` and per-batch ``cu_seqlens``, the same from the CPU and the
 CUDA kernels (the simulator without a GPU), as ``explain`` names each window's pieces, with
 ``x`` and ``y`` unchanged; a document mask built from them blocks attention across documents
@@ -86,7 +86,7 @@ def test_documents_are_the_ones_explain_names_on_both_backends(datasets, name):
 
 
 def test_split_documents_are_one_document_each(tmp_path):
-    """Documents split over packets (``ndp.loader.units``): a document's pieces are one
+    """Documents split over packets (``ndp.loader.ordering.units``): a document's pieces are one
     document in ``document_ids``, its positions running on across them."""
     docs = documents(np.random.default_rng(5))
     d, _ = write(tmp_path, docs)
@@ -145,8 +145,8 @@ def test_cu_seqlens_of_random_chunks_equal_a_plain_merge():
     """The compiled pass against the definition, window by window in plain Python, for
     windows every ``T`` tokens and windows at documents (``align="bos"``), over 500 random
     chunks (documents of 1-29 tokens, shapes from 1 x 1)."""
-    from ndp.loader.align import aligned_windows
-    from ndp.loader.documents import _cu_seqlens
+    from ndp.loader.layouts.align import aligned_windows
+    from ndp.loader.layouts.documents import _cu_seqlens
 
     rng = np.random.default_rng(3)
     for _ in range(500):

@@ -1,4 +1,4 @@
-"""Elastic resume (ndp.loader.elastic): a run stopped mid-epoch on W ranks continues on W' ranks (or
+"""Elastic resume (ndp.loader.states.elastic): a run stopped mid-epoch on W ranks continues on W' ranks (or
 another batch shape) from its ranks' states, each remaining packet of the epoch once across the
 new ranks; the next epochs are the new run's own; a state saved during the rest resumes too."""
 

@@ -148,7 +148,7 @@ def test_future_steps_and_later_epochs_are_explained_before_they_come(datasets, 
 
 
 def test_split_documents_are_explained_as_they_reach_the_stream(tmp_path):
-    """Packed mode over documents split into pieces (``ndp.loader.units``): a row's pieces
+    """Packed mode over documents split into pieces (``ndp.loader.ordering.units``): a row's pieces
     are each document's packets in order."""
     d, _ = write(tmp_path, documents(np.random.default_rng(5)))
     with ndp.Loader(d, mode="packed", batch_size=2, seq_len=12, backend="cpu",

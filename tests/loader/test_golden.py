@@ -32,7 +32,7 @@ def test_the_digests_cover_every_configuration():
 @pytest.mark.parametrize("mode", golden.MODES)
 def test_batches_states_and_stats_are_the_written_ones(datasets, backend, mode, overlap):
     """``ahead``: each chunk staged before the one ahead of it is laid out, as on a GPU
-    (``ndp.loader.ahead``; by default the CPU and the simulator stage one at a time)."""
+    (``ndp.loader.pipeline.ahead``; by default the CPU and the simulator stage one at a time)."""
     for name in golden.RUNS:
         got = golden.run(datasets, mode, name, backend, overlap)
         assert got == WANT[f"{mode}/{name}"], (

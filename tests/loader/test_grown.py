@@ -1,4 +1,4 @@
-"""A dataset that grew under a saved state (``ndp.store.growth``, ``ndp.loader.resume``): a
+"""A dataset that grew under a saved state (``ndp.store.growth``, ``ndp.loader.states.resume``): a
 state made before shards were appended resumes exactly, its epoch over the shards it began
 with, and the new shards join at the next epoch (the Loader says so); a source added last to
 a mix joins the same way; a shard removed or rewritten under a state is refused by name.
@@ -185,8 +185,8 @@ def test_closing_a_loader_resumed_on_a_grown_dataset_leaves_no_plan_thread(data,
     plan of the dataset as it was: closing the Loader stops that thread too."""
     import threading
 
-    import ndp.loader.count as count_module
-    from ndp.loader.epoch import Stopped
+    import ndp.loader.planning.count as count_module
+    from ndp.loader.planning.epoch import Stopped
 
     monkeypatch.setenv("NDP_COUNT_CACHE", "off")  # counted here, not found written
     state = saved(make(data, "packed"), STOP)

@@ -239,7 +239,7 @@ def test_state_of_another_configuration_is_refused(corpus_dir):
         make(corpus_dir, seed=2).load_state_dict(state)
     with pytest.raises(ConfigError, match="crc_drop_rate"):
         make(corpus_dir, seed=1, crc_drop_rate=0.3).load_state_dict(state)
-    # another batch_size goes on in the new shape, said (ndp.loader.resume)
+    # another batch_size goes on in the new shape, said (ndp.loader.states.resume)
     with pytest.warns(UserWarning, match="this state was made with batch_size="):
         make(corpus_dir, seed=1, batch_size=5).load_state_dict(state)
 
@@ -499,7 +499,7 @@ def test_a_batch_stays_valid_until_the_second_batch_after_it_is_taken(corpus_dir
 
 
 def test_mixing_skips_a_source_with_nothing_in_this_share():
-    from ndp.loader.order import mix
+    from ndp.loader.ordering.order import mix
 
     merged, unused, _ = mix([np.arange(5), np.zeros(0, np.int64)], np.array([1.0, 1.0]), seed=0,
                          epoch=0, rank=0)
@@ -633,7 +633,7 @@ def test_a_running_producer_is_stopped_at_interpreter_exit(corpus_dir):
     code = textwrap.dedent("""
         import sys, threading
         import ndp.loader.loader as L
-        import ndp.loader.running as R
+        import ndp.loader.pipeline.running as R
         loader = L.Loader(sys.argv[1], batch_size=2, seq_len=8, backend="cpu", output="arrays")
         next(iter(loader))  # the producer goes on decoding ahead
         def check():  # atexit runs handlers last-registered first: this one after ndp's

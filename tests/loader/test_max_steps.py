@@ -13,7 +13,7 @@ import pytest
 
 from ndp.errors import ConfigError, LoaderUsageError
 from ndp.loader.loader import Loader
-from ndp.loader.schedule import Schedule
+from ndp.loader.planning.schedule import Schedule
 
 from ndp_test_helpers import ramp_specs, write_shards
 

@@ -1,4 +1,4 @@
-"""The mix changed by hand mid-epoch (``ndp.loader.elastic``, ``Remainder.remix``): a state
+"""The mix changed by hand mid-epoch (``ndp.loader.states.elastic``, ``Remainder.remix``): a state
 loaded into a Loader made with other weights, another mix schedule or another ``mix_size``
 goes on in the same epoch, delivering none of what the epoch already delivered, mixed by the
 new weights; the change is recorded in the state, so resumes during the rest are exact, and a
@@ -19,7 +19,7 @@ import pytest
 
 from ndp.errors import LoaderStateError
 from ndp.loader.loader import Loader
-from ndp.loader.schedule import Schedule
+from ndp.loader.planning.schedule import Schedule
 from ndp.wire.packet import encode_tokens
 
 from ndp_test_helpers import ramp, write_shards
@@ -198,7 +198,7 @@ def test_a_state_whose_mix_is_not_one_is_refused_by_name(sources, mix):
 def test_a_resume_plans_its_epoch_once(sources, monkeypatch):
     """Checking a state plans its epoch; the Loader goes on with that plan rather than making
     it again for the first batch (half a minute of a mixed epoch at 1e8 packets)."""
-    import ndp.loader.whole as whole
+    import ndp.loader.ordering.whole as whole
 
     _, state = stopped(sources, "padded", mix=NEW)
     built = []

@@ -1,5 +1,5 @@
 """Mixing weights that change with the run's step (``mix=ndp.Schedule(...)``,
-``ndp.loader.mix_schedule``): the realised mix of each step follows the schedule, held or
+``ndp.loader.ordering.mix_schedule``): the realised mix of each step follows the schedule, held or
 interpolated, within a binomial tolerance; a resume at a change and a step either side gives
 the uninterrupted run; ranks agree on the count; a bad phase is refused by name.
 
@@ -17,7 +17,7 @@ import pytest
 
 from ndp.errors import ConfigError, LoaderStateError
 from ndp.loader.loader import Loader
-from ndp.loader.schedule import Schedule
+from ndp.loader.planning.schedule import Schedule
 from ndp.wire.packet import encode_tokens
 
 from ndp_test_helpers import ramp, write_shards

@@ -1,4 +1,4 @@
-"""Mixing sizes (ndp.loader.order.mix, the Loader's ``mix_size``): an epoch that ends when a source
+"""Mixing sizes (ndp.loader.ordering.order.mix, the Loader's ``mix_size``): an epoch that ends when a source
 runs out, one that uses every source whole and repeats the smaller ones, and one of a set
 number of packets; proportions kept, repeats and leftovers counted per source, resume exact."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from ndp.errors import ConfigError
 from ndp.loader.loader import Loader
-from ndp.loader.order import mix
+from ndp.loader.ordering.order import mix
 from ndp.wire.packet import encode_tokens
 
 from ndp_test_helpers import ramp, write_shards
@@ -136,9 +136,9 @@ def test_bad_mix_sizes_are_refused(groups):
             loader(groups, mix_size=bad)
 
 
-# --- the window shuffle (ndp.loader.order.epoch_order) ----------------------------------------------
+# --- the window shuffle (ndp.loader.ordering.order.epoch_order) ----------------------------------------------
 def test_the_window_shuffle_permutes_documents_within_windows_of_whole_shards():
-    from ndp.loader.order import epoch_order, windows
+    from ndp.loader.ordering.order import epoch_order, windows
 
     sizes = np.array([30, 50, 20, 40, 10, 60])
     base = np.concatenate([[0], np.cumsum(sizes)])
@@ -161,7 +161,7 @@ def test_the_window_shuffle_permutes_documents_within_windows_of_whole_shards():
 
 def test_one_shard_is_shuffled_whole_each_epoch_not_rotated():
     """The issue's case: one 256 MB shard, and epoch 1 was epoch 0 rotated."""
-    from ndp.loader.order import epoch_order
+    from ndp.loader.ordering.order import epoch_order
 
     base = np.array([0, 20_000])
     e0, e1 = (epoch_order(base, seed=0, epoch=e, shard_bytes=np.array([256 << 20]))

@@ -1,4 +1,4 @@
-"""Planning an epoch window by window (ndp.loader.epoch, ndp.loader.plan): every rank's
+"""Planning an epoch window by window (ndp.loader.planning.epoch, ndp.loader.planning.plan): every rank's
 ``Share`` is the one the whole order and every rank's share give, bit for bit, while the
 largest array the plan builds is a window's, not the dataset's; CRC-Drop's verdicts drawn
 range by range are ``drop_mask``'s; the per-rank batch count streamed in pieces is
@@ -12,11 +12,11 @@ import types
 import numpy as np
 import pytest
 
-from ndp.loader.order import drop_mask, drop_ranges, epoch_order, epoch_windows, windows
-from ndp.loader.packing import count_batches, count_batches_by_rank, new_carry
-from ndp.loader.shapes import Shapes
-from ndp.loader.plan import Plan
-from ndp.loader.shuffle import permute, round_keys
+from ndp.loader.ordering.order import drop_mask, drop_ranges, epoch_order, epoch_windows, windows
+from ndp.loader.layouts.packing import count_batches, count_batches_by_rank, new_carry
+from ndp.loader.planning.shapes import Shapes
+from ndp.loader.planning.plan import Plan
+from ndp.loader.ordering.shuffle import permute, round_keys
 from ndp.store.corpus import Corpus
 from ndp.wire.packet import encode_tokens
 
@@ -182,7 +182,7 @@ def test_the_plan_holds_a_windows_packets_not_the_datasets(mode):
         assert (sh.length, sh.batches, sh.dropped, sh.balanced) == want[1:]
     plan = plan_of(corpus, mode=mode, world_size=5, shuffle=False)
     plan.share(0).count.counted()
-    assert plan.peak_plan_elements <= 1 << 20  # ndp.loader.order.BLOCK, unshuffled
+    assert plan.peak_plan_elements <= 1 << 20  # ndp.loader.ordering.order.BLOCK, unshuffled
 
 
 def test_planning_an_epoch_allocates_a_fraction_of_its_order():
@@ -260,7 +260,7 @@ def test_a_windows_every_wth_packet_is_picked_without_the_rest(uneven):
 
 
 def test_the_padded_cut_is_counted_in_the_pass_as_the_share_gives_it(uneven):
-    from ndp.loader.truncation import cut_of
+    from ndp.loader.layouts.truncation import cut_of
 
     for rate in (0.0, 0.3):
         for rank in range(3):
@@ -297,7 +297,7 @@ def test_the_next_epoch_is_planned_ahead_and_a_closed_loader_leaves_no_planner(u
 def test_a_pass_asked_to_stop_stops_and_stores_nothing(uneven):
     """What ``Loader.close`` does to a plan being made ahead, or to a producer planning when
     it is stopped: the pass gives up before its next window."""
-    from ndp.loader.epoch import Stopped
+    from ndp.loader.planning.epoch import Stopped
 
     plan = plan_of(uneven, mode="packed", world_size=3, rate=0.3)  # CRC-Drop: planned in a pass
     with pytest.raises(Stopped):
@@ -323,8 +323,8 @@ def test_the_end_of_a_packed_share_does_not_read_its_repeat_for_nothing(uneven, 
     start): the token counts past its own packets are those of its first ones, and a chunk
     that its own packets fill never reads them (their window's entries would be read for
     nothing at every epoch's end)."""
-    import ndp.loader.reach as reach_module
-    from ndp.loader.share import RankOrder
+    import ndp.loader.planning.reach as reach_module
+    from ndp.loader.ordering.share import RankOrder
 
     monkeypatch.setattr(reach_module, "TOKEN_BLOCK", 16)
     kw = dict(mode="packed", world_size=3, batch_size=2, seq_len=4, window=2500)
@@ -359,7 +359,7 @@ def test_share_tokens_are_the_index_counts_gathered_once_a_block(uneven, monkeyp
     """The producer asks for a share's token counts a few times a batch (chunk plans, packing
     candidates); each gather from the shards' indexes costs ~100 us, so they are gathered a
     block at a time and remembered."""
-    import ndp.loader.reach as reach_module
+    import ndp.loader.planning.reach as reach_module
 
     monkeypatch.setattr(reach_module, "TOKEN_BLOCK", 16)
     plan = plan_of(uneven, mode="packing", world_size=3)

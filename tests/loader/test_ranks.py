@@ -1,6 +1,6 @@
 """Ranks that agree: every rank delivers the same number of batches per epoch, in every mode,
 whatever the packet, shard and corruption counts, and says what it left out or repeated to get
-there (ndp.loader.plan). Checked in-process for many shapes, and with real processes in a
+there (ndp.loader.planning.plan). Checked in-process for many shapes, and with real processes in a
 torch.distributed (gloo) training loop that would hang if one rank ran out early.
 """
 
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from ndp.errors import DataError
 from ndp.loader.loader import Loader
-from ndp.loader.state import seal
+from ndp.loader.states.state import seal
 
 from ndp_test_helpers import ramp_specs, write_shards
 

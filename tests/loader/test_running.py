@@ -1,8 +1,8 @@
-"""The producer thread of a Loader (``ndp.loader.running``) from other threads and processes:
+"""The producer thread of a Loader (``ndp.loader.pipeline.running``) from other threads and processes:
 ``close()`` from another thread while a loop waits ends that loop with ``LoaderUsageError``
 (it once raised ``AttributeError`` on the thread the close had reset), and a Loader used in a
 process forked from one where it was running is refused by name, while one that had not run
-yet works there (``ndp.loader.running._forked``)."""
+yet works there (``ndp.loader.pipeline.running._forked``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ndp.errors import LoaderUsageError
-from ndp.loader.chunks import ChunkDecoder
+from ndp.loader.pipeline.chunks import ChunkDecoder
 from ndp.loader.loader import Loader
 from ndp.wire.packet import encode_tokens
 
@@ -86,7 +86,7 @@ class _Ring:
 
 
 def test_a_producer_that_ends_without_a_result_is_an_error_unless_it_was_stopped():
-    from ndp.loader.running import ProducerThread
+    from ndp.loader.pipeline.running import ProducerThread
 
     alone = ProducerThread(_Quits(), _Ring(), _Plan(), prefetch=1)
     alone.start({})

@@ -1,4 +1,4 @@
-"""Serve (ndp.loader.serve): batches are views of a ring of reused buffers, and a batch the consumer
+"""Serve (ndp.loader.pipeline.serve): batches are views of a ring of reused buffers, and a batch the consumer
 still holds when its buffers come round again keeps them: ``list(loader)``, kept views and
 autograd graphs that saved a batch see the batch's own tokens, not a later batch's; a loop that
 drops its batches allocates nothing new. Both backends (CUDA under the simulator), both outputs.
@@ -149,8 +149,8 @@ def test_the_batches_are_made_on_the_producer_and_next_only_hands_them_out(
     a chunk lets go of its list once taken, so only the batches the user keeps hold it."""
     import threading
 
-    from ndp.loader.chunks import Chunk
-    from ndp.loader.serve import Ring
+    from ndp.loader.pipeline.chunks import Chunk
+    from ndp.loader.pipeline.serve import Ring
 
     if output == "torch":
         pytest.importorskip("torch")

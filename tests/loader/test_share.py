@@ -1,4 +1,4 @@
-"""A share read place by place (ndp.loader.share.RankOrder): any slice, index or gather is the
+"""A share read place by place (ndp.loader.ordering.share.RankOrder): any slice, index or gather is the
 rank's share of the epoch's whole order, across window boundaries, twice over in packed mode,
 and making it holds nothing the size of the share."""
 
@@ -9,8 +9,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from ndp.loader.order import epoch_order, epoch_windows
-from ndp.loader.share import RankOrder
+from ndp.loader.ordering.order import epoch_order, epoch_windows
+from ndp.loader.ordering.share import RankOrder
 
 
 @pytest.fixture(scope="module")

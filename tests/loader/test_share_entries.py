@@ -1,4 +1,4 @@
-"""A rank's own packets' index entries, a window at a time (ndp.loader.share_entries): any
+"""A rank's own packets' index entries, a window at a time (ndp.loader.ordering.share_entries): any
 range of share positions gives the entries a gather by packet gives, across windows and past
 the share's own packets; a table holds the rank's packets of one window; at most two are held;
 building them does not fill the corpus' entry cache."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ndp.loader.order import epoch_windows
-from ndp.loader.share import RankOrder
+from ndp.loader.ordering.order import epoch_windows
+from ndp.loader.ordering.share import RankOrder
 from ndp.store.corpus import Corpus
 from ndp.wire.packet import encode_tokens
 
@@ -39,7 +39,7 @@ def order_of(corpus, *, world_size, rank, window, repeat=False, shuffle=True):
 @pytest.mark.parametrize("world_size", [1, 3, 8])
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_every_range_is_the_gather_by_packet(corpus, world_size, shuffle, monkeypatch):
-    monkeypatch.setattr("ndp.loader.share_entries.BLOCK", 7)  # blocks of entries and places
+    monkeypatch.setattr("ndp.loader.ordering.share_entries.BLOCK", 7)  # blocks of entries and places
     size = int(np.median([s.size for s in corpus.shards]))
     rng = np.random.default_rng(world_size)
     for rank in range(world_size):

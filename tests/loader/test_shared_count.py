@@ -1,4 +1,4 @@
-"""An epoch's count made once and shared (ndp.loader.shared_count): a rank finds the count
+"""An epoch's count made once and shared (ndp.loader.planning.shared_count): a rank finds the count
 another made, reads the bound of the one making it, takes over from one that gave up, and
 counts again over a file that is not its key's; the batches never depend on any of it."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from filelock import FileLock
 
-import ndp.loader.count as count_module
+import ndp.loader.planning.count as count_module
 from ndp.loader.loader import Loader
-from ndp.loader.shared_count import VERSION, SharedCount, count_dir
+from ndp.loader.planning.shared_count import VERSION, SharedCount, count_dir
 from ndp.wire.packet import encode_tokens
 
 from ndp_test_helpers import ramp, write_shards

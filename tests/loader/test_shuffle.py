@@ -1,4 +1,4 @@
-"""The place-by-place permutation of a shuffle window (ndp.loader.shuffle): a bijection of
+"""The place-by-place permutation of a shuffle window (ndp.loader.ordering.shuffle): a bijection of
 [0, n) for every n, its inverse, a pure function of its keys, and as scattered as a drawn
 permutation by the measures a data loader cares about."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ndp.loader.shuffle import ROUNDS, invert, permute, round_keys, side
+from ndp.loader.ordering.shuffle import ROUNDS, invert, permute, round_keys, side
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 15, 16, 17, 99, 1000, 4097, 65_537])

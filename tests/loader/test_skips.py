@@ -1,4 +1,4 @@
-"""Skip ranges (``ndp.loader.skips``): a resume that skips run steps ``a .. b-1`` delivers
+"""Skip ranges (``ndp.loader.planning.skips``): a resume that skips run steps ``a .. b-1`` delivers
 every other step's batch as the uninterrupted run did, and none of the skipped steps' tokens
 in their epoch, on both backends and in every mode; each epoch is shorter by the steps it
 skips on every rank; the skip is counted in ``stats`` and kept by every later state; bad

@@ -1,4 +1,4 @@
-"""Resume states are checked field by field (ndp.loader.state): a damaged state, one from another
+"""Resume states are checked field by field (ndp.loader.states.state): a damaged state, one from another
 dataset or configuration, or positions outside its epoch are refused with a LoaderStateError that
 names the field; a sound one resumes exactly (tests/loader/test_loader.py,
 tests/loader/test_chunks.py)."""
@@ -13,7 +13,7 @@ import pytest
 
 from ndp.errors import ConfigError, LoaderStateError
 from ndp.loader.loader import Loader
-from ndp.loader.state import seal
+from ndp.loader.states.state import seal
 
 from ndp_test_helpers import ramp_specs, write_shards
 

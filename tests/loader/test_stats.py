@@ -42,7 +42,7 @@ def test_rows_of_layout_counts_are_added_as_their_batches_were():
     adding them one by one; the no-row warning names the first such batch."""
     import numpy as np
 
-    from ndp.loader.layout import COUNTS, EMPTY, N_COUNTS, REASONS
+    from ndp.loader.layouts.layout import COUNTS, EMPTY, N_COUNTS, REASONS
 
     rows = np.zeros((3, N_COUNTS), np.int64)
     rows[:, :len(COUNTS)] = [[4, 3, 50, 2, 0, 1, 1, 0], [4, 0, 0, 0, 1, 0, 0, 0],

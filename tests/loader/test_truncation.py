@@ -1,4 +1,4 @@
-"""Padded rows cut at seq_len (ndp.loader.truncation): each epoch's cut is counted from the index
+"""Padded rows cut at seq_len (ndp.loader.layouts.truncation): each epoch's cut is counted from the index
 before its first batch, and is exactly what the rows lose, on both backends and every rank; a
 warning, once per epoch, when more than 1% of the epoch's tokens are cut.
 

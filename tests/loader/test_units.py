@@ -1,4 +1,4 @@
-"""Packed mode reads documents, not packets (``ndp.loader.units``): a document the converter
+"""Packed mode reads documents, not packets (``ndp.loader.ordering.units``): a document the converter
 split over packets reaches a rank's stream whole and in order, wherever the shuffle puts it, on
 every rank split and both backends; every packet is counted once; a resume mid-document is
 exact. The held-out trial's case: none of 17 split documents of the quick start kept its

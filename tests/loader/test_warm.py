@@ -1,4 +1,4 @@
-"""The next window's entry table built ahead (ndp.loader.warm): the window after the
+"""The next window's entry table built ahead (ndp.loader.ordering.warm): the window after the
 producer's, at an epoch's end the next epoch's first, once each, on a thread that is gone when
 done and when the Loader is closed."""
 
@@ -9,9 +9,9 @@ import threading
 import numpy as np
 
 from ndp.loader.loader import Loader
-from ndp.loader.order import epoch_windows
-from ndp.loader.share import RankOrder
-from ndp.loader.warm import Warmer
+from ndp.loader.ordering.order import epoch_windows
+from ndp.loader.ordering.share import RankOrder
+from ndp.loader.ordering.warm import Warmer
 from ndp.store.corpus import Corpus
 from ndp.wire.packet import encode_tokens
 

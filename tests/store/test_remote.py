@@ -319,7 +319,7 @@ def test_one_prefetch_thread_per_dataset_and_none_after_close(remote, s3_server,
 
 def test_the_cuda_backend_reads_a_url_as_the_cpu_backend_reads_disk(local, remote, s3_server,
                                                                    tmp_path):
-    """Whole shards staged on the device (``ndp.loader.device_shards``) from the cache: under the
+    """Whole shards staged on the device (``ndp.loader.pipeline.device_shards``) from the cache: under the
     simulator without a GPU, on the device with one."""
     kw = dict(mode="padded", output="arrays", seed=4, batch_size=6, seq_len=24, prefetch=1)
     want = batches(Loader(local, **kw))[:3]

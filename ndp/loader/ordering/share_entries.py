@@ -1,0 +1,234 @@
+"""A rank's own packets' index entries, a shuffle window at a time (``ShareEntries``).
+
+A chunk's packets are read at the offsets their index entries give, checked against the LEN,
+SRC, DST and TYP the entries give, and laid out by the token counts they give. Gathered packet
+by packet from whole shards' entries, that needs every entry of the window being read (16
+bytes a packet: 430 MB for a 1 GiB window of 16-token documents), on every rank, though a rank
+reads only its own 1/W of them. A ``RankOrder`` share instead keeps, for the windows being read,
+a table of its own packets' entries in share order (``table``): the window's shards' entries
+are read in passing (a block of ``BLOCK`` entries at a time, not held by the corpus' cache),
+and only this rank's are kept, so a rank holds 16 bytes a packet of its own share of two
+windows (the one being read and the next, which the producer's ``ndp.loader.ordering.warm.Warmer``
+has built ahead), and 8 more (12 past 2**31 packets a shard) for each packet's shard and
+number in it; a chunk's entries are then a slice of a table, with no gather and no sort, and
+its packets a slice too (``packets``), with no second walk of the window's shuffled order.
+A table takes a whole read of its window's indexes (1.4 s for a 1 GiB window of 16-token
+documents on this project's VM): while one is being built, a chunk of at most ``DIRECT``
+packets reads its entries one by one instead (``LazyIndex.read_at``), so that a run's first
+batch does not wait for it; an index not checked yet is read whole and checked first (the
+first use of an index is its check, however its entries are read: a lie that keeps every
+packet header, an entry repeated or two swapped, is only seen there).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from ndp.wire.format import INDEX_ENTRY_DTYPE
+
+#: entries read from a shard's index at once, and share positions whose packets are worked
+#: out at once, while a table is built
+BLOCK = 1 << 18
+#: windows whose tables are held: the one being read and the next
+HELD = 2
+#: share positions a chunk may read one entry at a time while their window's table is being
+#: built (a run's first chunks: its first batch does not wait for a whole window's entries)
+DIRECT = 1 << 17
+
+
+class ShareEntries:
+    """The index entries of a ``RankOrder``'s own packets (module docstring)."""
+
+    def __init__(self, order: Any, corpus: Any) -> None:
+        self.order, self.corpus = order, corpus
+        #: window -> (its own packets' entries, their shard numbers, their numbers in them)
+        self._tables: OrderedDict[int, tuple] = OrderedDict()
+        self._lock = threading.Lock()
+        self._making: dict[int, threading.Lock] = {}
+        self._claimed: set[int] = set()  # windows a thread is about to build (``claim``)
+        #: tables built (each window's once while it is held), the most entries one held,
+        #: and entries read one by one while a table was being built
+        self.built = 0
+        self.largest = 0
+        self.direct = 0
+
+    def span(self, k: int) -> tuple[int, int]:
+        """The share positions (of the share's own packets) whose places lie in window ``k``."""
+        o = self.order
+        start, end = int(o._starts[k]), int(o._ends[k])
+        W, r = o.world_size, o.rank
+        a = max(0, -(-(start - r) // W))
+        b = min(o.length, max(0, -(-(end - r) // W)))
+        return a, max(a, b)
+
+    def entries(self, a: int, b: int) -> np.ndarray:
+        """The entries of share positions ``[a, b)`` (``INDEX_ENTRY_DTYPE``); positions past
+        the share's own packets (packed mode's repeat) are its first ones'."""
+        o = self.order
+        L = o.length
+        if b > L and o.shape[0] > L:
+            if a >= L:
+                return self.entries(a - L, b - L)
+            return np.concatenate([self.entries(a, L), self.entries(0, b - L)])
+        if b <= a:
+            return np.zeros(0, INDEX_ENTRY_DTYPE)
+        parts = []
+        k = o.window_at(a)
+        while a < b:
+            s0, s1 = self.span(k)
+            if s1 > a:
+                c = min(b, s1)
+                with self._lock:
+                    held = self._tables.get(k)
+                    building = k in self._making or k in self._claimed
+                table = None if held is None else held[0]
+                if table is None and building and c - a <= DIRECT:
+                    parts.append(self._direct(a, c))  # not waiting for the table
+                else:
+                    table = self.table(k) if table is None else table
+                    parts.append(table[a - s0: c - s0])
+                a = c
+            k += 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _direct(self, a: int, b: int) -> np.ndarray:
+        """The entries of share positions ``[a, b)`` read one by one, while their window's
+        table is being built (``LazyIndex.read_at``; a held index: a gather)."""
+        corpus = self.corpus
+        packets = self.order[a:b]
+        shards = corpus.shard_of(packets)
+        out = np.empty(b - a, INDEX_ENTRY_DTYPE)
+        for s in np.unique(shards).tolist():
+            where = np.flatnonzero(shards == s)
+            local = packets[where] - corpus.base[s]
+            index = corpus.indexes[s]
+            read_at = getattr(index, "read_at", None)
+            out[where] = index.entries[local] if read_at is None else read_at(local)
+        self.direct += b - a
+        return out
+
+    def packets(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The packets of share positions ``[a, b)`` of the share's own packets and their
+        shard numbers, from a held table (kept when it was built: no second walk of the
+        window's order), if ``[a, b)`` lies in one window whose table is held; else ``None``."""
+        o = self.order
+        if b > o.length or b <= a:
+            return None
+        k = o.window_at(a)
+        s0, s1 = self.span(k)
+        if b > s1:
+            return None
+        with self._lock:
+            held = self._tables.get(k)
+        if held is None:
+            return None
+        shard = held[1][a - s0: b - s0].astype(np.int64)
+        return self.corpus.base[shard] + held[2][a - s0: b - s0], shard
+
+    def table(self, k: int) -> np.ndarray:
+        """Window ``k``'s table (built now if it is not held: one thread builds it, another
+        asking meanwhile waits for it)."""
+        with self._lock:
+            got = self._tables.get(k)
+            if got is not None:
+                self._tables.move_to_end(k)
+                return got[0]
+            making = self._making.setdefault(k, threading.Lock())
+        with making:
+            with self._lock:
+                got = self._tables.get(k)
+            if got is None:
+                got = self._build(k)
+                with self._lock:
+                    self._tables[k] = got
+                    self.built += 1
+                    self.largest = max(self.largest, got[0].shape[0])
+                    while len(self._tables) > HELD:
+                        self._tables.popitem(last=False)
+        with self._lock:
+            self._making.pop(k, None)
+        return got[0]
+
+    def _build(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Window ``k``'s table: this rank's packets of it worked out a block of share
+        positions at a time (kept as a shard number and an entry number in it: 8 or 12 bytes a
+        packet, held with the table for ``packets``), then each shard's entries read in
+        passing a block at a time and the rank's picked from them."""
+        o, corpus = self.order, self.corpus
+        s0, s1 = self.span(k)
+        n = s1 - s0
+        out = np.empty(n, INDEX_ENTRY_DTYPE)
+        if n == 0:
+            return out, np.zeros(0, np.int32), np.zeros(0, np.int32)
+        win, base = o.windows[k], corpus.base
+        small = int(np.diff(base).max()) < 1 << 31
+        local = np.empty(n, np.int32 if small else np.int64)
+        shard = np.empty(n, np.int32)
+        for a in range(0, n, BLOCK):
+            b = min(a + BLOCK, n)
+            places = np.arange(s0 + a, s0 + b, dtype=np.int64) * o.world_size + o.rank
+            packets = win.at(places - int(o._starts[k]))
+            shard[a:b] = ids = corpus.shard_of(packets)
+            local[a:b] = packets - base[ids]
+        first = corpus.shard_of(win.starts)
+        last = corpus.shard_of(np.maximum(win.stops - 1, win.starts))
+        for s in sorted({s for f, l_ in zip(first.tolist(), last.tolist())
+                         for s in range(f, l_ + 1)}):
+            where = np.flatnonzero(shard == s)
+            if not where.shape[0]:
+                continue
+            mine = local[where]
+            index = corpus.indexes[s]
+            passing = getattr(index, "passing", None)
+            if passing is None:  # an index held whole (a scan's): gather from it
+                out[where] = index.entries[mine]
+                continue
+            block = (mine // BLOCK).astype(np.int32)
+            order = np.argsort(block, kind="stable")  # a radix sort: O(n)
+            cuts = np.concatenate([[0], np.cumsum(np.bincount(block))])
+            for j in np.flatnonzero(np.diff(cuts)).tolist():
+                pick = order[cuts[j]: cuts[j + 1]]
+                x = j * BLOCK
+                got = passing(slice(x, min(x + BLOCK, len(index))))
+                out[where[pick]] = got[mine[pick] - x]
+        return out, shard, local
+
+    def claim(self, k: int) -> bool:
+        """Mark window ``k`` as about to be built by a thread (``unclaim`` when done), unless
+        its table is held or claimed already (``False``)."""
+        with self._lock:
+            if k in self._tables or k in self._claimed or k in self._making:
+                return False
+            self._claimed.add(k)
+            return True
+
+    def unclaim(self, k: int) -> None:
+        with self._lock:
+            self._claimed.discard(k)
+
+    def drop_before(self, k: int) -> None:
+        """Let go of the tables of windows before ``k`` (read past)."""
+        with self._lock:
+            for w in [w for w in self._tables if w < k]:
+                del self._tables[w]
+
+    def clear(self) -> None:
+        """Let go of every table (the epoch is read; one asked for again is built again)."""
+        with self._lock:
+            self._tables.clear()
+
+    def prepare(self, k: int) -> None:
+        """Build window ``k``'s table now (the warmer, ahead of the producer, which has read
+        past the windows before ``k - 1``: their tables go first)."""
+        if 0 <= k < len(self.order.windows):
+            self.drop_before(k - 1)
+            self.table(k)
+
+    def held(self) -> list[int]:
+        """The windows whose tables are held."""
+        with self._lock:
+            return list(self._tables)
