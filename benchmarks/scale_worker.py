@@ -15,7 +15,8 @@ no row counts a compile.
 
 **Across an epoch boundary.** Iterating to the end of an epoch of 1e8 documents would take hours
 here, and the Loader's state format allows going there directly: a state is the epoch, a
-(packet, token) position in this rank's order and the batch number (``ndp.loader.states.state``, sealed
+(packet, token) position in this rank's order and the batch number (``ndp.loader.states.state``,
+sealed
 with the crc32 ``seal`` computes). The worker takes ``loader.state_dict()``, puts in it the
 position after batch ``len(loader) - 64 - 8`` of epoch 0 (worked out from the index's token
 counts the way each mode lays out its batches: ``padded`` B packets a batch, ``packed`` B*T
@@ -23,7 +24,8 @@ stream tokens a batch, ``packing`` each batch's candidates as ``Plan.candidates`
 seals it and ``load_state_dict``s it: the Loader checks it field by field as any resume. After 8
 untimed batches (the restart's own ramp-up) it waits for what the Loader makes ahead of an
 epoch's end on threads of its own: the next epoch's plan and count (``Plan.plan_ahead``) and
-its first window's entry table (``ndp.loader.ordering.warm``; a real epoch lasts far longer than they
+its first window's entry table (``ndp.loader.ordering.warm``; a real epoch lasts far longer than
+they
 take; a run resumed 72 batches before the end does not), records that wait
 (``ahead_plan_wait_s``) and times every ``next()`` of the last 64 batches of
 epoch 0 and the first 64 of epoch 1, the step across the boundary (the ``next()`` that ends
@@ -214,7 +216,8 @@ def boundary(loader, k: int, warm: int) -> tuple[dict, dict]:
 def wait_ahead(loader) -> float:
     """Wait for what the Loader makes ahead of an epoch's end, and return the seconds waited:
     the next epoch's plan and count (``Plan.plan_ahead``) and the entry table of its first
-    window (``ndp.loader.ordering.warm``). A real epoch's last window lasts far longer than they take
+    window (``ndp.loader.ordering.warm``). A real epoch's last window lasts far longer than they
+    take
     (seconds at 1e8 16-token documents); a run resumed 72 batches before its end does not."""
     t = time.perf_counter()
     ahead = getattr(loader.plan, "_ahead", None)

@@ -6,7 +6,8 @@ streaming's ``py1e`` and litdata's ``FullShuffle``, on the same documents, one r
     python benchmarks/shuffle_quality.py --out benchmarks/results   # adds to the project's record
 
 No loader reads any data: each loader's order is a pure function of its shard sizes, seed and
-epoch, and this script computes it with the loader's own code. ndp's from ``ndp.loader.ordering.order``; the
+epoch, and this script computes it with the loader's own code. ndp's from
+``ndp.loader.ordering.order``; the
 peers' from their published wheels (``pip download --no-deps`` into ``benchmarks/.peers/``,
 pinned below), whose shuffle modules are loaded from the unpacked files without installing the
 packages (MosaicML streaming pins numpy<2.2 and imports torchvision on import): MosaicML's

@@ -8,7 +8,8 @@ Three layouts, all written into caller-owned int64 arrays:
 * packed (pretraining): the tokens of the rows, concatenated in order, read as one stream; window
   ``w`` is ``stream[start + w*T : start + w*T + T + 1]`` split into ``x[w] = window[:-1]`` and
   ``y[w] = window[1:]`` (``y`` is -100 where that token's mask bit is 0).
-* packing (SFT, packed rows): documents laid end to end in rows (placed by ``ndp.loader.layouts.packing``):
+* packing (SFT, packed rows): documents laid end to end in rows (placed by
+  ``ndp.loader.layouts.packing``):
   per document its tokens, labels (-100 at its first token), attention 1 and ``position_ids``
   from 0; padding elsewhere.
 
@@ -276,7 +277,8 @@ def build_documents_cpu(doc_cum: np.ndarray, start: int, wins: np.ndarray,
                         position_ids: np.ndarray, document_ids: np.ndarray) -> None:
     """Packed windows' document boundaries (``documents=True``): of (W, T) ``position_ids``
     (int64) and ``document_ids`` (int32), token ``j`` of window ``b`` (stream position
-    ``p = start + b*T + j``, or ``wins[b] + j`` where ``wins`` is not empty) gets its place in its document counted from the window's start
+    ``p = start + b*T + j``, or ``wins[b] + j`` where ``wins`` is not empty) gets its place in its
+    document counted from the window's start
     (``p - max(start + b*T, doc_cum[d])``, ``d`` its document: the last ``doc_cum <= p``) and
     its document's number in the window (0 for the one the window starts in). ``doc_cum``:
     the stream positions where documents start, ascending, the first at or before ``start``.

@@ -10,7 +10,8 @@ training arrays, one thread per output token.
 * ``build_packing_cuda``: a block per row, a thread per column; each finds the document that
   covers its column by binary search over the row's documents, or writes padding.
 
-The host lays the rows out from the verdicts (``ndp.loader.layouts.layout``) before it launches these, so
+The host lays the rows out from the verdicts (``ndp.loader.layouts.layout``) before it launches
+these, so
 one launch builds every batch of a chunk. Reads trust only what validation proved: rows are packets
 whose frame and payload layout fit inside their shard; writes are bounded by the output shapes.
 """

@@ -1,7 +1,8 @@
 """The decode primitives of a backend, on the buffers of a ring slot: verdicts, and the padded,
 packed and packing builds (``ndp.kernels``). ``CpuEngine`` runs the CPU kernels on host arrays;
 ``ndp.engine.cuda.CudaEngine`` launches the CUDA kernels on its streams. Both have the same methods
-and write the same values, so everything around them (``ndp.loader.layouts.layout``, ``ndp.loader.pipeline.chunks``,
+and write the same values, so everything around them (``ndp.loader.layouts.layout``,
+``ndp.loader.pipeline.chunks``,
 ``ndp.loader.pipeline.serve``) is backend-agnostic.
 
 A ``Slot`` holds one chunk's buffers: scratch (the packets' offsets, their verdicts, the build

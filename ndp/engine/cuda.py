@@ -1,7 +1,8 @@
 """``CudaEngine``: the decode primitives of ``ndp.engine.cpu`` on a GPU (or Numba's simulator).
 
 Kernels run on one compute stream, shard bytes arrive on a copy stream
-(``ndp.loader.pipeline.device_shards``); both are non-blocking streams, so neither waits for the training
+(``ndp.loader.pipeline.device_shards``); both are non-blocking streams, so neither waits for the
+training
 job's work on the legacy default stream. Per decode call the host waits once: for the verdicts (one
 small copy back), which it needs to lay the batches out. Everything else it only queues.
 
@@ -9,7 +10,8 @@ Every launch, copy and wait goes through a method here that counts it (``ndp.eng
 
 Ordering of a slot's reuse (no host synchronisation): ``finish`` records ``slot.ready`` after the
 chunk's kernels; the consumer makes its stream wait on it before it reads the chunk, and records
-``slot.released`` on its stream when it is done with it (``ndp.loader.pipeline.serve``); ``claim`` makes
+``slot.released`` on its stream when it is done with it (``ndp.loader.pipeline.serve``); ``claim``
+makes
 the compute stream wait on ``slot.released`` just before the build writes the slot's outputs
 again, not before the chunk's verdicts (the plan, verdicts and pinned scratch are ndp's own), so
 the one host wait of a chunk never waits for the consumer's work. Buffers handed out as

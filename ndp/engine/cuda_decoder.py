@@ -3,7 +3,8 @@
 ``CudaDecoder`` is the ``cuda`` backend of ``ndp.Decoder``: the same batches as the CPU reference
 (``ndp.engine.reference``), bit for bit, with arrays that stay on the device and reach torch (or any
 DLPack consumer) without a copy. It runs the primitives of ``ndp.engine.cuda`` that the Loader runs
-on whole chunks (``ndp.loader.pipeline.chunks``): one verdict kernel, one small copy of the verdicts back and
+on whole chunks (``ndp.loader.pipeline.chunks``): one verdict kernel, one small copy of the verdicts
+back and
 one wait for it, the rows laid out on the host, one build kernel. A training loop should use
 ``ndp.Loader``, which pays that per-call cost once per chunk of many batches; this API is for
 decoding arbitrary packets (inspection, tests, custom pipelines).

@@ -257,7 +257,8 @@ class Buffer:
 
     def leased(self, stream: Any, array: Any, *, ready: Any = None,
                ordered: bool = False) -> DeviceArray:
-        """``array`` (over this buffer's memory, ``ndp.loader.pipeline.serve.held``) as a ``DeviceArray``
+        """``array`` (over this buffer's memory, ``ndp.loader.pipeline.serve.held``) as a
+        ``DeviceArray``
         that shares this buffer's consumer bookkeeping (``ready``, ``ordered``: as
         ``DeviceArray`` takes them)."""
         return DeviceArray(array, stream, self.consumers, self.counters, ready=ready,

@@ -7,7 +7,8 @@ plan of its own (``Plan.variant``: the same order, CRC-Drop, mix and elastic rem
 the pipeline's own plan and layout (``ndp.loader.pipeline.chunks``: verdicts, then the layout of the
 mode), so what it says is what the Loader delivers, on either backend, row for row:
 
-* the step's epoch and its batch in the epoch (the run's epoch starts, ``ndp.loader.planning.steps``);
+* the step's epoch and its batch in the epoch (the run's epoch starts,
+  ``ndp.loader.planning.steps``);
 * where that batch starts in the rank's share: ``padded`` and ``packing`` batches start where
   the index's token counts say (``Plan.chunk_end``: one compiled pass over the positions
   before it, no packet read); a ``packed`` batch starts after the valid tokens before it, so

@@ -35,7 +35,8 @@ Modes, and which shift labels (said here only; ``NDPDataset`` and ``decode_padde
   model's shift that label is the target of the previous document's last token, and no
   document should learn to predict the next one's start.
 
-Order, rank split, mixing and CRC-Drop are ``ndp.loader.ordering.order``'s: seeded, a new order every epoch
+Order, rank split, mixing and CRC-Drop are ``ndp.loader.ordering.order``'s: seeded, a new order
+every epoch
 (documents shuffled across windows of shards of ``shuffle_window`` bytes, 1 GiB by default, or
 ``"all"``; on a GPU two windows' shards are held on the device at once), disjoint shares across
 ranks (``RANK``/``WORLD_SIZE`` or ``rank=``/``world_size=``), and every
@@ -72,11 +73,14 @@ and every packet's CRC is still checked as it is decoded.
 The state (``state_dict``) is the epoch, a (packet, token) position in this rank's order and the
 run's step, plus the settings it is only valid for (``ndp.loader.states.resume``). ``batch_size``,
 ``seq_len`` and ``mix`` may change with the step (``ndp.Schedule``, ``ndp.loader.planning.shapes``,
-``ndp.loader.ordering.mix_schedule``); ``batch_tokens`` cuts padded and packing batches by a token budget
+``ndp.loader.ordering.mix_schedule``); ``batch_tokens`` cuts padded and packing batches by a token
+budget
 instead of ``batch_size`` rows.
 
-The pipeline: **plan** (``ndp.loader.planning.plan``), **stage** (``ndp.loader.pipeline.stage``, on a GPU
-``ndp.loader.pipeline.device_shards``: whole shards copied in bulk), **decode** (``ndp.loader.pipeline.chunks``: one
+The pipeline: **plan** (``ndp.loader.planning.plan``), **stage** (``ndp.loader.pipeline.stage``, on
+a GPU
+``ndp.loader.pipeline.device_shards``: whole shards copied in bulk), **decode**
+(``ndp.loader.pipeline.chunks``: one
 verdict kernel, one small copy back and one host wait, one build kernel per chunk of batches) and
 **serve** (``ndp.loader.pipeline.serve``: batches are views into the chunk's outputs). Any
 ``chunk_batches`` gives the same batches, as the CPU and CUDA backends do, bit for bit.
@@ -85,7 +89,8 @@ Prefetch: a producer thread decodes up to ``prefetch`` chunks ahead; its excepti
 ``next()``; ``close()``, the ``with`` block's end, leaving the loop or dropping the Loader stops
 it. Batches are views of a ring of ``max(1, prefetch) + 3`` chunks' buffers, reused from the
 second chunk after a batch's own on; a batch still referenced then keeps its buffers (new ones
-are allocated, warned once: ``ndp.loader.pipeline.serve``), so a held batch never shows another's tokens.
+are allocated, warned once: ``ndp.loader.pipeline.serve``), so a held batch never shows another's
+tokens.
 What the decoder did is counted in ``loader.counters`` (``ndp.engine.counters``).
 """
 
@@ -209,7 +214,8 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
                          crc_drop_rate=crc_drop_rate, mix=mix, mix_by=mix_by,
                          mix_size=mix_size, shuffle_window=shuffle_window)
         self.plan.max_steps = None if max_steps is None else int(max_steps)
-        self.plan.skips = skips.check_skip(skip)  # run steps left out (``ndp.loader.planning.skips``)
+        self.plan.skips = skips.check_skip(skip)  # run steps left out
+        # (``ndp.loader.planning.skips``)
         self.plan.skip_packets = skips.check_packets(skip_packets, self.corpus.n_packets)
         self.plan.documents, self.plan.align = bool(documents), align
         if self.backend == "cuda":
@@ -241,7 +247,8 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
         self._producer = Producer(self.plan, decoder, self._ring)
         stats = LoaderStats(corrupt_regions=len(self.corpus.corruption),
                             corrupt_bytes=sum(c.length for _, c in self.corpus.corruption))
-        #: the state and stats of what the consumer took, kept lazily (``ndp.loader.pipeline.taken``)
+        # : the state and stats of what the consumer took, kept lazily
+        # (``ndp.loader.pipeline.taken``)
         self._taken = Taken({"epoch": 0, "pos": 0, "tok": 0, "batch": 0}, stats)
         self._cut = CutReport(self.plan, stats)  # padded rows cut: counted, warned
         self._waits = Waits()  # each wait of next() for a chunk (``ndp.loader.telemetry``)
@@ -257,7 +264,8 @@ class Loader(CheckpointMethods, TakenViews, StepViews, ExplainViews):
         continues or starts: once a loop has run to its end, the next epoch's, which can
         differ; ``loader.epoch`` says which), exact before the epoch is read: every rank
         delivers as many,
-        whatever is corrupt (``ndp.loader.planning.plan``). It stays the whole epoch after a resume mid-epoch
+        whatever is corrupt (``ndp.loader.planning.plan``). It stays the whole epoch after a resume
+        mid-epoch
         (LR schedules count on it): ``remaining`` is what the next loop yields.
 
         With ``mix=`` it may differ from epoch to epoch. An int ``mix_size`` fixes it in

@@ -1,6 +1,7 @@
 """What a ``Loader`` has delivered: packets, drops by reason, tokens, waits (``loader.stats``).
 
-Counted on the consumer's side from what each batch's layout counted (``ndp.loader.layouts.layout``'s
+Counted on the consumer's side from what each batch's layout counted
+(``ndp.loader.layouts.layout``'s
 ``counts``, a row a batch), when ``loader.stats`` is read, the next chunk is taken or the epoch
 ends (``ndp.loader.pipeline.taken``): the figures describe exactly the batches taken so far, and
 ``next()`` does not count them one by one.
@@ -33,7 +34,8 @@ class LoaderStats:
     dropped_on_purpose: int = 0  # CRC-Drop
     tokens: int = 0  # tokens delivered (x tokens in packed mode)
     truncated_tokens: int = 0  # padded and packing rows cut at seq_len (from the packets)
-    #: padded mode, the epoch a loop last started (``ndp.loader.layouts.truncation``): the tokens its
+    # : padded mode, the epoch a loop last started (``ndp.loader.layouts.truncation``): the tokens
+    # its
     #: packets hold by the index, and how many of them its rows cut at seq_len (warned past 1%)
     epoch_tokens: int = 0
     epoch_truncated_tokens: int = 0
@@ -52,7 +54,8 @@ class LoaderStats:
     corrupt_bytes: int = 0
     #: padded mode: batches with no row, every packet of them dropped (warned about once)
     empty_batches: int = 0
-    #: left out on purpose (``ndp.loader.planning.skips``): the batches of skipped steps, the packets
+    # : left out on purpose (``ndp.loader.planning.skips``): the batches of skipped steps, the
+    # packets
     #: those took and the packets ``skip_packets`` named, and the tokens of skipped batches
     #: (their corrupt packets are in ``corrupt`` too)
     skipped_batches: int = 0

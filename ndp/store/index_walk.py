@@ -79,7 +79,8 @@ def digest(entries: np.ndarray) -> int:
     """A 64-bit hash of index ``entries``' bytes (each entry's two 8-byte words, at its place):
     a sum of splitmix64 mixes, which the CPU works out for many entries at once (~1 ms for 1.7
     M entries, where a crc32 of their bytes took ~9 ms). What names the entries a count was
-    made from (``ndp.loader.planning.shared_count``): it tells entries that changed from those that did
+    made from (``ndp.loader.planning.shared_count``): it tells entries that changed from those that
+    did
     not, which is all it is for; it is no defence against entries made to collide on
     purpose."""
     words = np.ascontiguousarray(entries, INDEX_ENTRY_DTYPE).view(np.uint64).reshape(-1, 2)

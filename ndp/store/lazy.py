@@ -54,7 +54,8 @@ LEAST_CACHE_BYTES = 32 << 20
 
 def entries_digest(entries: np.ndarray) -> int:
     """The digest of index entries that a count made from them names them by
-    (``ndp.loader.planning.shared_count``): ``ndp.store.index_walk.digest``, one compiled pass beside
+    (``ndp.loader.planning.shared_count``): ``ndp.store.index_walk.digest``, one compiled pass
+    beside
     the first-use check's read."""
     return digest(entries)
 
@@ -259,7 +260,8 @@ class LazyIndex:
         """Entries ``local`` (in ``[0, len)``), from the held ones if held, else read one by
         one (16 bytes each): for a reader that needs a few entries of a shard while a whole
         read of its index is being done for another (a rank's first chunk of a window while
-        the window's table is built, ``ndp.loader.ordering.share_entries``). An index not checked yet
+        the window's table is built, ``ndp.loader.ordering.share_entries``). An index not checked
+        yet
         is read whole and checked first (its first use): an entry is never given out
         unchecked, since a lie that keeps the packet headers (an entry repeated, two swapped)
         passes the check each packet gets as it is decoded, and only the whole index shows

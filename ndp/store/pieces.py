@@ -6,7 +6,8 @@ shard's index entries pass their first-use check, ``pieces_of`` finds its runs o
 packets (each run: the later pieces of one document, right after the document's first packet)
 and keeps per run its first packet, its length and its tokens: O(split documents), nothing per
 packet. The index header counts the marked packets (``continued``), so a corpus knows at open,
-at the cost of its headers, whether any shard holds split documents (``ndp.loader.ordering.units`` reads
+at the cost of its headers, whether any shard holds split documents (``ndp.loader.ordering.units``
+reads
 them as one in packed mode), and the first-use check holds the header to its entries.
 
 A marked packet at a shard's start has no first piece before it (a writer never puts one there:

@@ -182,7 +182,8 @@ class DropReason(enum.IntEnum):
     # a valid token packet a model cannot take (the Loader's verdicts; ``ndp.kernels.verdict``):
     EMPTY = 7  # no tokens: its row would be all padding, a loss of 0/0
     TOKEN_RANGE = 8  # a token id at or past the vocabulary size (an embedding would fail)
-    # a packet the run was told to leave out (``Loader(skip_packets=...)``, ``ndp.loader.planning.skips``)
+    # a packet the run was told to leave out (``Loader(skip_packets=...)``,
+    # ``ndp.loader.planning.skips``)
     SKIPPED = 9
 
 

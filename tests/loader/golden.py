@@ -76,7 +76,8 @@ def _digest_batches(loader, into: "hashlib._Hash", states: "hashlib._Hash") -> i
 def run(datasets: dict[str, Path], mode: str, name: str, backend: str,
         overlap: bool | None = None) -> dict:
     """One configuration's digests: batches, states, stats, and the number of batches.
-    ``overlap``: stage each chunk ahead of the one before's layout (``ndp.loader.pipeline.ahead``), or
+    ``overlap``: stage each chunk ahead of the one before's layout (``ndp.loader.pipeline.ahead``),
+    or
     not; by default as the backend does."""
     import ndp
 

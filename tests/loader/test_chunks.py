@@ -1,5 +1,6 @@
 """The Loader's pipeline in chunks (ndp.loader.planning.plan, ndp.loader.pipeline.chunks, ndp.loader.layouts.layout,
-ndp.loader.pipeline.serve): the batches do not depend on how many are decoded per chunk, resume exactly
+ndp.loader.pipeline.serve): the batches do not depend on how many are decoded per chunk, resume
+exactly
 inside and between chunks, are the same from the CUDA backend (simulator) whether shards are
 resident or come and go through the device arena, and the device work per batch is bounded by
 counts, not timings.

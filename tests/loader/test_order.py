@@ -136,7 +136,8 @@ def test_bad_mix_sizes_are_refused(groups):
             loader(groups, mix_size=bad)
 
 
-# --- the window shuffle (ndp.loader.ordering.order.epoch_order) ----------------------------------------------
+# --- the window shuffle (ndp.loader.ordering.order.epoch_order)
+# ----------------------------------------------
 def test_the_window_shuffle_permutes_documents_within_windows_of_whole_shards():
     from ndp.loader.ordering.order import epoch_order, windows
 

@@ -1,5 +1,6 @@
 """Batch shapes that change with the run's step (``ndp.Schedule`` for ``batch_size`` and
-``seq_len``; ``ndp.loader.planning.shapes``): every batch has its step's shape, ``len(loader)`` counts
+``seq_len``; ``ndp.loader.planning.shapes``): every batch has its step's shape, ``len(loader)``
+counts
 with the schedule, a packed stream goes on across a change with no token lost or repeated, and
 a resume at every boundary (and one step either side) gives the uninterrupted run's batches,
 on the CPU and on the CUDA simulator, on one rank and on three.

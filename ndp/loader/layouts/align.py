@@ -21,7 +21,8 @@ A document is a valid packet of the stream, or with documents split over packets
 
 The same greedy counts batches by the index (every rank's epoch, ``len()``, a chunk's reach):
 ``count_aligned``, ``count_aligned_by_rank`` and ``aligned_reach`` walk document lengths with a
-small carry, batch shapes from ``ndp.loader.planning.shapes`` (a window's ``T`` is its batch's). All of it
+small carry, batch shapes from ``ndp.loader.planning.shapes`` (a window's ``T`` is its batch's). All
+of it
 is compiled, one pass, O(documents).
 """
 

@@ -6,7 +6,8 @@ segment of its own: the inputs of FlashAttention's varlen kernels (``cu_seqlens`
 ``position_ids``) and of a FlexAttention or SDPA document mask (``document_ids``).
 
 A document starts at each valid packet of the stream (a packed stream is documents end to
-end), or, with documents split over packets (``ndp.loader.ordering.units``), at the first valid packet
+end), or, with documents split over packets (``ndp.loader.ordering.units``), at the first valid
+packet
 of each place. The host lays out, per chunk, where they start in the stream (``doc_cum``) and
 the ``cu_seqlens`` (one compiled pass over the chunk's windows and documents); the build kernels
 (``ndp.kernels.build.build_documents_cpu``, ``build_cuda.build_documents_cuda``) write the

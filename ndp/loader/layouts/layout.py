@@ -17,7 +17,8 @@ Each layout is the one the Loader has always delivered, batch for batch (see ``n
   windows of ``T + 1`` tokens from ``tok + i*B*T``. After each batch the state moves past the
   packets the next window no longer needs, so it stays a small (packet, token) pair.
 * ``packing_layout``: per batch, the candidates are the packets whose index lengths fill ``B``
-  rows; the valid ones among them are placed end to end (``ndp.loader.layouts.packing``), and the batch ends
+  rows; the valid ones among them are placed end to end (``ndp.loader.layouts.packing``), and the
+  batch ends
   at the first that does not fit.
 
 Every packet is counted once, by the batch that reaches it (or at the epoch's end).
@@ -148,7 +149,8 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
     the epoch's last batch and holds the rest of the share. ``units``: where each place's
     packets start among the chunk's (and their end), when a place holds several (a document,
     ``ndp.loader.ordering.units``): a batch that reaches a place's first packet counts all of them.
-    ``aligned``: windows start at documents (``align="bos"``, ``ndp.loader.layouts.align``; the state
+    ``aligned``: windows start at documents (``align="bos"``, ``ndp.loader.layouts.align``; the
+    state
     after a batch is then its search point); ``place_of``: each packet's place, where places
     hold documents split over packets (a document starts at a place's first valid packet).
     The build plan is ``rows``, ``cum`` (stream position of each row, and the total),
@@ -205,7 +207,8 @@ def packing_layout(verdicts: np.ndarray, toks: np.ndarray, *, batch_size: int, r
     candidates are the packets whose index token counts (``toks``: the share's from ``pos``
     on, the chunk's packets' and the one after, unless ``complete``: to the share's end) fill
     its rows or its token ``budget``; its valid ones are placed end to end
-    (``ndp.loader.layouts.packing``), and the batch ends at the first that does not fit. A batch whose
+    (``ndp.loader.layouts.packing``), and the batch ends at the first that does not fit. A batch
+    whose
     candidates run past the chunk is left to the next chunk, unless the share ends here
     (``share_ends``). One compiled pass (``ndp.loader.layouts.packing_chunk``).
 

@@ -1,7 +1,8 @@
 """Sequence packing: short SFT examples laid end to end in full rows, with the per-document
 ``position_ids`` and ``cu_seqlens`` that keep attention (and the loss) inside each document.
 
-The plan is made on the host from the examples' lengths alone (``ndp.loader.layouts.layout`` lays out whole
+The plan is made on the host from the examples' lengths alone (``ndp.loader.layouts.layout`` lays
+out whole
 chunks of batches with it); the build kernels (``ndp.kernels.build``) then write the tokens
 straight from the packets into the rows.
 
@@ -45,7 +46,8 @@ def _plan(lengths, rows, row_len, where_row, where_col):  # pragma: no cover - c
 
 @cpu_kernel
 def phase_of(starts, batch):  # pragma: no cover - compiled
-    """The phase of batch ``batch`` (``ndp.loader.planning.shapes``: few phases, searched in order)."""
+    """The phase of batch ``batch`` (``ndp.loader.planning.shapes``: few phases, searched in
+    order)."""
     p = 0
     while p + 1 < starts.shape[0] and starts[p + 1] <= batch:
         p += 1
@@ -188,7 +190,8 @@ def count_batches(lengths: np.ndarray, shapes: Shapes, batch_of: np.ndarray | No
                   ) -> int:
     """How many batches the examples ``lengths`` fill when placed in order as ``plan`` places
     them, batch ``k`` in ``B_k`` rows of ``T_k`` or cut by its token budget (``shapes``,
-    ``ndp.loader.planning.shapes``; each batch takes at least one example). ``batch_of``: filled with
+    ``ndp.loader.planning.shapes``; each batch takes at least one example). ``batch_of``: filled
+    with
     each example's batch, if given."""
     out = np.zeros(0, np.int64) if batch_of is None else batch_of
     return int(_count_batches(np.ascontiguousarray(lengths, np.int64), *shapes.arrays(), out))

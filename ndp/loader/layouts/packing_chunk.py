@@ -1,4 +1,5 @@
-"""Packing's layout of a whole chunk in one compiled pass (``ndp.loader.layouts.layout.packing_layout``).
+"""Packing's layout of a whole chunk in one compiled pass
+(``ndp.loader.layouts.layout.packing_layout``).
 
 Per batch, as ``ndp.loader.layouts.packing`` places examples: its candidates are the packets whose
 index token counts fill its ``B`` rows of ``L`` (or its token ``budget``), at least one

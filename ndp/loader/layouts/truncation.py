@@ -4,7 +4,8 @@ first batch; and a warning when that is more than ``WARN_PERCENT`` of them.
 In ``mode="padded"`` a row holds its packet's first ``seq_len`` tokens, and its ``labels`` are
 those tokens, not shifted (why: ``ndp.loader.loader``, "Modes"). So a packet of
 ``n > seq_len`` tokens loses its last ``n - seq_len`` tokens, and as many next-token targets
-(fewer where the cut tokens were masked). The share is those tokens over every token of the epoch's packets: this rank's share
+(fewer where the cut tokens were masked). The share is those tokens over every token of the epoch's
+packets: this rank's share
 of the epoch, each packet as its index entry says. On intact data that is exactly what
 ``stats.truncated_tokens`` adds up batch by batch over the epoch (from the decoded packets,
 on either backend); a corrupt packet, dropped as it is decoded, is counted here still.
@@ -12,7 +13,8 @@ on either backend); a corrupt packet, dropped as it is decoded, is counted here 
 Pretraining text read as padded rows lost 37% of its tokens in a trial, silently: ``packed``
 windows run across packets and cut nothing. The converter warns past the same share of the
 tokens its own truncation cuts (``ndp.convert.options.TRUNCATION_WARN``).
-The epoch's count (``ndp.loader.planning.count``, on the plan's thread) or the plan's pass with CRC-Drop
+The epoch's count (``ndp.loader.planning.count``, on the plan's thread) or the plan's pass with
+CRC-Drop
 (``ndp.loader.planning.epoch``) counts it from the token counts it reads window by window, in index
 order; with mixing or in an elastic remainder (planned whole) it is one gather of the share's
 token counts, on the consumer's thread when a loop starts the epoch. Nothing per batch, no
@@ -48,7 +50,8 @@ class Cut:
 
 def cut_of(tokens: np.ndarray, seq_len: int | np.ndarray) -> Cut:
     """The ``Cut`` of rows of ``seq_len`` over packets of ``tokens`` tokens each (an array:
-    each packet's row's, where ``seq_len`` is a schedule, ``ndp.loader.planning.shapes.Shapes.row_lens``)."""
+    each packet's row's, where ``seq_len`` is a schedule,
+    ``ndp.loader.planning.shapes.Shapes.row_lens``)."""
     if tokens.shape[0] == 0:
         return Cut(0, 0, 0, 0)
     over = tokens.astype(np.int64, copy=False) - seq_len

@@ -2,10 +2,12 @@
 {...})])``, held from phase to phase or, with ``interpolate="linear"``, in a straight line
 between them (annealing the mix at the end of pretraining).
 
-A rank's share is interleaved from its sources (``ndp.loader.ordering.order.mix`` for fixed weights) by
+A rank's share is interleaved from its sources (``ndp.loader.ordering.order.mix`` for fixed weights)
+by
 a seeded draw, place after place, each with the weights of the step its place lands in. That
 step follows from the places already drawn and the index's token counts, as the epoch's
-batches will cut them (``ndp.loader.planning.shapes``): ``padded``, ``B_k`` places a batch; ``packed``,
+batches will cut them (``ndp.loader.planning.shapes``): ``padded``, ``B_k`` places a batch;
+``packed``,
 ``B_k * T_k`` tokens a batch; ``packing``, the greedy placement into ``B_k`` rows of ``T_k``;
 with a token budget (``batch_tokens``), whole examples while they fit it.
 So the realised mix of each step follows the schedule; it is a draw, so it deviates as a

@@ -11,7 +11,8 @@ holding a block of packets at a time (``ndp.loader.planning.count``, ``ndp.loade
 * ``shuffle=True``: document-level shuffling in windows (``ORDER``). Each epoch the shards are
   permuted, cut into windows of consecutive shards (up to ``shuffle_window`` bytes, 1 GiB by
   default, and ``WINDOW_SHARDS``; ``"all"``: one window), and the packets of each window are
-  permuted together by a keyed permutation computed place by place (``ndp.loader.ordering.shuffle``: no
+  permuted together by a keyed permutation computed place by place (``ndp.loader.ordering.shuffle``:
+  no
   window's permutation is ever drawn or held whole): every packet (a document, or an SFT
   example) lands at a new place each epoch, among other neighbours, and a dataset of up to a
   window is shuffled whole. Reads stay within two windows at a time (a block shuffle, like
@@ -132,7 +133,8 @@ def shards_at_once(sizes: np.ndarray, *, shuffle: bool,
                    window: int | None = WINDOW_BYTES) -> int:
     """Shards a chunk may read at once: two shuffle windows' of ``window`` bytes (``None``:
     all of them), or two without shuffling (the one being read, the next). What a GPU's arena
-    (``ndp.loader.pipeline.device_shards``) and a remote dataset's cache (``ndp.store.prefetch``) must
+    (``ndp.loader.pipeline.device_shards``) and a remote dataset's cache (``ndp.store.prefetch``)
+    must
     hold."""
     n = sizes.shape[0]
     return min(n, 2 * most_shards_per_window(sizes, window)) if shuffle else min(n, 2)

@@ -137,13 +137,15 @@ class Share:
     #: corruption)
     packets: Any
     length: int  #: the share's own packets
-    #: the epoch's batch count (``len(loader)``), known or being counted (``ndp.loader.planning.count``)
+    # : the epoch's batch count (``len(loader)``), known or being counted
+    # (``ndp.loader.planning.count``)
     count: Any
     dropped: int = 0  #: CRC-Drop: packets of this rank's part of the order dropped on purpose
     mix_unused: dict = field(default_factory=dict)  #: mixing: per source, packets left unused
     mix_repeated: dict = field(default_factory=dict)  #: mixing: per source, packets taken again
     balanced: int = 0  #: packets cut from the share's end so that every rank has as many
-    #: an elastic resume (``ndp.loader.states.elastic``): packets earlier ranks were inside of, given again
+    # : an elastic resume (``ndp.loader.states.elastic``): packets earlier ranks were inside of,
+    # given again
     redelivered: int = 0
 
     @property
@@ -153,6 +155,7 @@ class Share:
 
     @property
     def cut(self) -> Any:
-        """Padded mode: what rows of ``seq_len`` cut from the share (``ndp.loader.layouts.truncation``),
+        """Padded mode: what rows of ``seq_len`` cut from the share
+        (``ndp.loader.layouts.truncation``),
         or ``None`` if not counted (yet)."""
         return self.count.cut

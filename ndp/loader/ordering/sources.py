@@ -1,6 +1,8 @@
 """Mixing's sources: the shard groups or SRC types of a corpus, each with its weight
-(``ndp.loader.ordering.order.mix`` interleaves a rank's share by them, or with weights that change with
-the step ``ndp.loader.ordering.mix_schedule``), and a ``Plan``'s mixing of a rank's share (``Mixing``)."""
+(``ndp.loader.ordering.order.mix`` interleaves a rank's share by them, or with weights that change
+with
+the step ``ndp.loader.ordering.mix_schedule``), and a ``Plan``'s mixing of a rank's share
+(``Mixing``)."""
 
 from __future__ import annotations
 

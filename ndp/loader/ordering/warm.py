@@ -2,7 +2,8 @@
 it (``Warmer``).
 
 A share read place by place holds its own packets' index entries a window at a time
-(``ndp.loader.ordering.share_entries``); a window's table is built by reading its shards' entries (26 MB
+(``ndp.loader.ordering.share_entries``); a window's table is built by reading its shards' entries
+(26 MB
 a 64 MiB shard of 16-token documents, 10-60 ms each from the page cache or the disk), so the
 chunk that entered a window, the first of an epoch among them, waited for it. The producer tells
 the ``Warmer`` where it is after each chunk; the warmer builds the table of the window after

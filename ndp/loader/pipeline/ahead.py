@@ -1,6 +1,7 @@
 """Two chunks in flight: the next chunk staged, its verdicts queued, before this one is laid out.
 
-Per chunk the producer (``ndp.loader.pipeline.producer``) stages the packets, queues the verdict kernel,
+Per chunk the producer (``ndp.loader.pipeline.producer``) stages the packets, queues the verdict
+kernel,
 waits for the verdicts, lays the batches out on the host and queues the build. In that order
 alone the device idles while the host lays a chunk out and plans the next, and the host idles
 while the verdicts run: a chunk costs host + device. With a chunk ahead, once chunk k's verdicts
@@ -97,7 +98,8 @@ def next_size(count: Any, done: int, grow: int, stop: Any, wait: bool = True
 def plan_chunk(mode: str, sh: Any, shapes: Any, pos: int, tok: int, done: int, grow: int,
                stop: Any, wait: bool = True) -> Next | None:
     """The chunk after ``done`` batches, from ``(pos, tok)`` of share ``sh``
-    (``ndp.loader.planning.plan.Share``) with batch ``shapes``; ``grow``: the producer's chunk size so
+    (``ndp.loader.planning.plan.Share``) with batch ``shapes``; ``grow``: the producer's chunk size
+    so
     far. ``None`` as ``next_size`` says."""
     shape = shapes.at(done)
     if done and not shapes.constant and shape != shapes.at(done - 1):

@@ -2,8 +2,10 @@
 stage of the Loader's pipeline: plan, stage, decode, serve).
 
 Per chunk, on either backend: stage the packets (``ndp.loader.pipeline.stage`` /
-``ndp.loader.pipeline.device_shards``), one verdict kernel, one small copy of the verdicts to the host and
-one wait for it, the layout of every batch of the chunk on the host (``ndp.loader.layouts.layout``), one
+``ndp.loader.pipeline.device_shards``), one verdict kernel, one small copy of the verdicts to the
+host and
+one wait for it, the layout of every batch of the chunk on the host (``ndp.loader.layouts.layout``),
+one
 build kernel for all of them (two copies of the plan for packing). On a GPU that is 2 launches, 3
 copies and 1 host wait for ``chunk_batches`` batches, where decoding batch by batch paid a fixed
 ~1.3 ms of host work per batch.
@@ -124,7 +126,8 @@ class ChunkDecoder:
 
         ``started``: this chunk, already staged with its verdicts queued (``start``, with the
         same arguments). ``then(started)``: called once the chunk's verdicts are queued and
-        before they are waited for, to stage the next chunk meanwhile (``ndp.loader.pipeline.ahead``);
+        before they are waited for, to stage the next chunk meanwhile
+        (``ndp.loader.pipeline.ahead``);
         true if it did (then the next chunk's first shards need no prefetch). ``build=False``:
         the layout only, no output written (``ndp.loader.explain``)."""
         plan = self.plan

@@ -8,7 +8,8 @@ its limit is its shard's end there, so its verdict is the one it gets in its own
   ``device_budget``.
 * otherwise the arena is cut into slots of the largest shard's size, as many as the budget
   holds (at least two; with ``shuffle``, at least the shards of two shuffle windows, which a chunk
-  may read at once, ``ndp.loader.ordering.order``), and shards come and go least recently used: a shard is
+  may read at once, ``ndp.loader.ordering.order``), and shards come and go least recently used: a
+  shard is
   copied when a chunk first needs it (``stage``), or before, for the chunk after (``prefetch``),
   while the current one decodes. A slot is overwritten only after the kernels that read its last
   shard (the copy stream waits on an event), and kernels wait for their shards' copies the same way:

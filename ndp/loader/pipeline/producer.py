@@ -1,7 +1,9 @@
 """The Loader's producer thread: plan, stage and decode chunk after chunk, epoch after epoch,
-into a bounded queue that the consumer (``ndp.loader.loader``) serves from (``ndp.loader.pipeline.serve``).
+into a bounded queue that the consumer (``ndp.loader.loader``) serves from
+(``ndp.loader.pipeline.serve``).
 
-Each epoch delivers exactly its ``Share.batches`` batches (``ndp.loader.planning.plan``), starting before
+Each epoch delivers exactly its ``Share.batches`` batches (``ndp.loader.planning.plan``), starting
+before
 they are counted (``ndp.loader.planning.count``: it delivers those below the count's bound); what it
 leaves out, repeats or finds corrupt is counted by the batch that reaches it or at the epoch's
 end.
@@ -47,12 +49,14 @@ class Producer:
         self._size = 1  # batches in the next chunk
         #: builds the next window's entry table ahead (``ndp.loader.ordering.warm``)
         self.warmer = Warmer()
-        self._ahead: Ahead | None = None  # the next chunk, staged ahead (``ndp.loader.pipeline.ahead``)
+        self._ahead: Ahead | None = None  # the next chunk, staged ahead
+        # (``ndp.loader.pipeline.ahead``)
         self.overlap = False
         self.set_overlap(chunks.engine.has_streams)
 
     def set_overlap(self, on: bool) -> None:
-        """Stage each chunk ahead of the one before's layout (``ndp.loader.pipeline.ahead``): on where
+        """Stage each chunk ahead of the one before's layout (``ndp.loader.pipeline.ahead``): on
+        where
         the engine queues work on streams (a GPU), where it buys device time; tests turn it on
         for the CPU backend too, where it changes the order of host work only."""
         self.overlap = on

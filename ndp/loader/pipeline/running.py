@@ -1,7 +1,8 @@
 """The producer thread of a ``Loader``: started from a state, its items taken, stopped
 (``ProducerThread``).
 
-One thread (``ndp-loader``) runs ``ndp.loader.pipeline.producer.Producer.run`` into a bounded queue: a
+One thread (``ndp-loader``) runs ``ndp.loader.pipeline.producer.Producer.run`` into a bounded queue:
+a
 chunk ahead per ``prefetch``, and room for an epoch's end besides (it holds no ring slot, and
 waiting to put it kept the next epoch's first chunk from being decoded until the consumer took
 the last one: a stall at every boundary after a short chunk). An exception in the producer

@@ -4,6 +4,7 @@
 for CRC-Drop and counts), ``count`` and ``shared_count`` (each epoch's batch count, made on a thread
 and shared across a node), ``shapes`` and ``schedule`` (batch shapes and values that change with the
 step), ``steps`` (run steps across epochs), ``reach`` (where a chunk of batches ends, by the index)
-and ``skips`` (steps and packets left out). Imports ``ndp.loader.ordering`` and ``ndp.loader.layouts``'
+and ``skips`` (steps and packets left out). Imports ``ndp.loader.ordering`` and
+``ndp.loader.layouts``'
 compiled counts.
 """

@@ -1,7 +1,8 @@
 """Plan: which packets this rank reads each epoch, in which order, and how they are cut into
 chunks (the first stage of the Loader's pipeline: plan, stage, decode, serve).
 
-The order, rank split, CRC-Drop and mixing are ``ndp.loader.ordering.order``'s pure functions of the seed and
+The order, rank split, CRC-Drop and mixing are ``ndp.loader.ordering.order``'s pure functions of the
+seed and
 epoch.
 
 Every epoch has a batch count (``len(loader)``), and every rank delivers that many (else a
@@ -10,12 +11,15 @@ out, with no communication (all of it is a function of the seed, the epoch and t
 how many packets every rank's share keeps; the shares are cut to the shortest one's count
 (what is cut is counted as ``rank_balance``), and the epoch's batch count is the smallest any
 rank's cut share makes by the index. Without CRC-Drop, mixing or an elastic remainder, every
-share keeps ``packets // W``: the share is read place by place (``ndp.loader.ordering.share``), and the
+share keeps ``packets // W``: the share is read place by place (``ndp.loader.ordering.share``), and
+the
 count is worked out on the plan's thread while the batches are delivered
 (``ndp.loader.planning.count``: ``len(loader)`` waits for it, the producer only if it catches up).
 With CRC-Drop, a pass over the epoch's shuffle windows (two in ``packed`` and ``packing``
-mode; ``ndp.loader.planning.epoch``) that holds one window's packets at a time, per-rank counters and
-this rank's own share, never the epoch's whole order or another rank's share. With mixing (which draws over a rank's whole
+mode; ``ndp.loader.planning.epoch``) that holds one window's packets at a time, per-rank counters
+and
+this rank's own share, never the epoch's whole order or another rank's share. With mixing (which
+draws over a rank's whole
 share) or in an elastic remainder (``ndp.loader.states.elastic``: a whole order already), the whole
 order and every rank's share are built, O(packets). That count is exact for ``padded`` and
 ``packing`` batches whatever is corrupt (a corrupt packet makes its batch shorter, not
@@ -25,7 +29,8 @@ several.
 
 A chunk is a run of consecutive packets of the share that holds ``batches`` batches by the
 index's token counts; the batches themselves are laid out after decoding
-(``ndp.loader.layouts.layout``), from what the packets really hold, so the cut never changes a batch:
+(``ndp.loader.layouts.layout``), from what the packets really hold, so the cut never changes a
+batch:
 with fewer batches per chunk, or more, the Loader delivers the same ones.
 """
 
@@ -99,7 +104,8 @@ class Plan(Reach, RunSteps, Mixing):
         self._ahead_stop = threading.Event()
         self._wanted = -1  # the epoch the producer wants planned ahead
         self._store = threading.Lock()  # guards _shares and _batches
-        #: an epoch whose rest comes from a run with other ranks (``ndp.loader.states.elastic.Remainder``)
+        # : an epoch whose rest comes from a run with other ranks
+        # (``ndp.loader.states.elastic.Remainder``)
         self.elastic: Any = None
         #: the plan of the dataset before it grew, for the epoch resumed in (``set_elastic``)
         self.grown: Plan | None = None
@@ -185,7 +191,8 @@ class Plan(Reach, RunSteps, Mixing):
     @contextlib.contextmanager
     def memo(self) -> Iterator[None]:
         """Within: this plan and those made from it (``variant``) share the last epoch built
-        whole (``ndp.loader.ordering.whole``), so that a resume from many old ranks builds it once."""
+        whole (``ndp.loader.ordering.whole``), so that a resume from many old ranks builds it
+        once."""
         self._whole = {}
         try:
             yield
@@ -248,7 +255,8 @@ class Plan(Reach, RunSteps, Mixing):
     # ------------------------------------------------------------------------------ shares
     def share(self, epoch: int, *, stop: Any = None) -> Share:
         """This rank's ``Share`` of ``epoch`` (after CRC-Drop, mixing and the rank balance);
-        ``stop``: a callable that abandons the pass (``ndp.loader.planning.epoch.Stopped``) when true.
+        ``stop``: a callable that abandons the pass (``ndp.loader.planning.epoch.Stopped``) when
+        true.
         Without CRC-Drop, mixing or an elastic remainder it is made at once (a ``RankOrder``)
         and its batch count is counted on the plan's thread (``ndp.loader.planning.count``)."""
         have = self._shares.get(epoch)
@@ -271,7 +279,8 @@ class Plan(Reach, RunSteps, Mixing):
             share = self.grown.share(epoch, stop=stop)  # the dataset as it was then
         elif lazy:
             share = self._share_lazy(epoch)
-        elif rest is None and self._mix_keys is None:  # a pass over the windows (ndp.loader.planning.epoch)
+        elif rest is None and self._mix_keys is None:  # a pass over the windows
+        # (ndp.loader.planning.epoch)
             walked = plan_epoch(self.corpus, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
                                 shard_bytes=self._shard_bytes, window_bytes=self._window_bytes,
                                 rate=self.crc_drop_rate, rank=self.rank,

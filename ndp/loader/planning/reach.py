@@ -1,5 +1,6 @@
 """Where a chunk of batches ends in a rank's share, by the index's token counts (``Reach``):
-the plan's answer to the producer's "how many packets make these batches" (``ndp.loader.pipeline.chunks``),
+the plan's answer to the producer's "how many packets make these batches"
+(``ndp.loader.pipeline.chunks``),
 from token counts gathered a block of share positions at a time and remembered.
 
 A ``Plan`` is a ``Reach``: it gives ``corpus``, ``mode`` and the memo fields (``_blocks_of``,

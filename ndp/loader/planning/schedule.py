@@ -13,10 +13,12 @@ plain value is a schedule of one phase, so ``seq_len=1024`` is ``Schedule([(0, 1
 A schedule is data: ``record()`` is JSON (it goes into ``Loader.state_dict()``, and a state is
 refused by a Loader made with another one), ``Schedule.from_record`` reads it back, and two
 schedules are equal when their records are. What each phase's value may be is checked where
-the schedule is used (``ndp.loader.planning.shapes`` for ``batch_size`` and ``seq_len``), and a bad one
+the schedule is used (``ndp.loader.planning.shapes`` for ``batch_size`` and ``seq_len``), and a bad
+one
 is a ``ConfigError`` that names the option and the phase.
 
-Exactness (``ndp.loader.planning.shapes``): a change of ``batch_size`` or ``seq_len`` takes effect at
+Exactness (``ndp.loader.planning.shapes``): a change of ``batch_size`` or ``seq_len`` takes effect
+at
 its step exactly, on every rank; in ``packed`` mode the token stream goes on across it (the
 first window after a change starts at the token the last window before it ended at, as windows
 follow one another), so no token is lost or repeated; ``len(loader)``, ``loader.remaining`` and

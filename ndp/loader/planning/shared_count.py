@@ -2,7 +2,8 @@
 later run with the same dataset and settings (``SharedCount``).
 
 In ``packed`` and ``packing`` mode an epoch's batch count is a pass over every packet's token
-count (``ndp.loader.planning.count``): seconds of a core at 1e8 documents, on every rank, every epoch,
+count (``ndp.loader.planning.count``): seconds of a core at 1e8 documents, on every rank, every
+epoch,
 although every rank of a node counts the same thing (the count is the smallest any rank's
 share makes; ``padded`` mode's cut is worked out for every rank in the same pass). So the
 first rank to ask for an epoch's count takes a lock (``filelock``) and counts, writing the

@@ -2,7 +2,8 @@
 was (``Loader(skip=[(a, b), ...])``, ``load_state_dict(state, skip=...)``).
 
 PaLM's answer to a loss spike is to restart from a checkpoint before it and skip the data of a
-few hundred batches. Here a step names a batch of the order (``ndp.loader.planning.steps``: the run's
+few hundred batches. Here a step names a batch of the order (``ndp.loader.planning.steps``: the
+run's
 steps as an uninterrupted run numbers them, the numbers ``loader.explain`` and ``ndp explain``
 take), so a skip range is unambiguous however many resumes and skips came before: the batch of
 step ``a - 1`` is followed by the batch of step ``b``, every other batch is the one it was, and

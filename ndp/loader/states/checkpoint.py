@@ -1,5 +1,6 @@
 """A ``Loader``'s checkpoint: ``state_dict()`` and ``load_state_dict()`` (what a state holds
-and how it is checked: ``ndp.loader.states.state``, ``ndp.loader.states.resume``, ``ndp.loader.states.elastic``; the
+and how it is checked: ``ndp.loader.states.state``, ``ndp.loader.states.resume``,
+``ndp.loader.states.elastic``; the
 skip ranges it keeps: ``ndp.loader.planning.skips``)."""
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class CheckpointMethods:
                      "shuffle_window": plan.shuffle_window, "vocab_size": self.vocab_size,
                      **self._elastic_record(),
                      **skips.record(plan.skips, plan.skip_packets),
-                     # windows at documents (``ndp.loader.layouts.align``); unaligned states as before
+                     # windows at documents (``ndp.loader.layouts.align``); unaligned states as
+                     # before
                      **({"align": plan.align} if plan.align is not None else {}),
                      **self._state})
 
@@ -64,13 +66,15 @@ class CheckpointMethods:
         since its positions would mean other packets, or if its positions lie outside the epoch
         it names; the message says which field and why.
 
-        Elastic resume (``ndp.loader.states.elastic``): the states of every rank of a run with another
+        Elastic resume (``ndp.loader.states.elastic``): the states of every rank of a run with
+        another
         ``world_size``, as a list, continue its epoch on this run's ranks, each remaining packet
         once (one is enough in padded and packing mode, with ``elastic=True``); a state with
         other batch shapes or another mix goes on so too, with a warning, and one made before
         shards were appended goes on over those it began with (``ndp.store.growth``).
 
-        ``skip``: run steps to leave out from here on, ``[(a, b), ...]`` (``ndp.loader.planning.skips``:
+        ``skip``: run steps to leave out from here on, ``[(a, b), ...]``
+        (``ndp.loader.planning.skips``:
         the batches of steps ``a .. b-1``), besides those the state keeps and this Loader's
         ``skip=``; a range given again is one. ``skip_packets``: packets to leave out from
         here on, by number (``Piece.packet``), besides those the state keeps."""

@@ -65,8 +65,8 @@ def _resume(plan: Plan, state: Any, mine: dict, *, elastic: bool
         warnings.warn(
             f"ndp.Loader: this state was made with {_shapes(state, mine)}, this Loader has "
             f"{_shapes(mine, state)}: the rest of epoch {state.get('epoch')} is shared out in "
-            f"this Loader's batches{_mixed(state, mine)} (ndp.loader.states.elastic), each remaining "
-            f"packet once, from step {state.get('step')} on; the change is recorded in the "
+            f"this Loader's batches{_mixed(state, mine)} (ndp.loader.states.elastic), each "
+            f"remaining packet once, from step {state.get('step')} on; the change is recorded in the "
             f"state ('elastic')",
             stacklevel=4)
     if isinstance(state, (list, tuple)) or (elastic and isinstance(state, dict)):
