@@ -3,8 +3,7 @@
 real endpoint: moto's server), each node with its own shard cache and count cache, as two
 machines would have. Every rank's batches are the ones a Loader given its rank and the world
 size of 4 makes from a local copy, each rank takes the same number of steps (an all-reduce a
-batch), and each node's cache holds each shard it read once, downloaded once for its two
-ranks."""
+batch), and each node's cache, shared by its two ranks, holds every shard once."""
 
 from __future__ import annotations
 
