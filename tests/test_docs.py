@@ -178,3 +178,28 @@ def test_a_result_measured_on_uncommitted_code_says_so_where_it_is_shown():
         text = provenance(Result("x-20261127-000000.json", {"machine": {"ndp_commit": commit}}),
                           None)
         assert ("not committed" in text) == said and "`abc1234" in text
+
+
+def test_every_measured_figure_a_page_quotes_names_its_source():
+    """A paragraph of the docs or the README that quotes a measured figure (a time or a rate
+    with decimals, a range or thousands: ``1.14 s``, ``33-53 us``, ``192.2 M tokens/s``) names
+    the results file it was read from, or is a table under a paragraph that does, or is made
+    from the files at build time (an ``ndp:`` marker); a figure measured by hand says so and
+    how (``<!-- measured by hand: ... -->``). Code blocks aside. Together with
+    ``test_every_results_file_a_page_cites_exists``: no figure stands without its source."""
+    import re
+
+    figure = re.compile(r"(?<![\w.])(?:\d+\.\d+|\d+(?:\.\d+)?-\d+(?:\.\d+)?|\d{1,3}(?:,\d{3})+)"
+                        r"\s?(?:us|ms|µs|s|G tokens/s|M tokens/s|GB/s|MB/s)(?![\w/])")
+    source = re.compile(r"[a-z][a-z0-9-]*-\d{8}-\d{6}[\w-]*\.json|-\d{6}\.json|<!-- ndp:"
+                        r"|<!-- measured by hand:")
+    bare = []
+    for page in sorted([*DOCS.rglob("*.md"), ROOT / "README.md"]):
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        paras = re.split(r"\n\s*\n", text)
+        for i, para in enumerate(paras):
+            table_under = i and para.lstrip().startswith("|") and source.search(paras[i - 1])
+            found = figure.search(para)
+            if found and not source.search(para) and not table_under:
+                bare.append(f"{page.relative_to(ROOT)}: {found.group(0)!r} in {para[:80]!r}")
+    assert not bare, "\n".join(bare)
