@@ -112,3 +112,27 @@ def test_two_nodes_of_two_ranks_over_object_storage(tmp_path, s3_server):
     for node in range(2):  # every shard, in one copy in the node's cache its ranks share
         cached = sorted(p.name for p in (tmp_path / f"node{node}" / "cache").rglob("*.ndp"))
         assert cached == [f"p{i}-00000.ndp" for i in range(4)]
+
+
+def test_the_guides_loader_reads_its_bucket_as_written(tmp_path, s3_server, monkeypatch):
+    """docs/guides/multi-node.md's Python block as written, but for where its cache lies: its
+    bucket is the S3 endpoint on 127.0.0.1 (``AWS_ENDPOINT_URL``, which botocore reads, so the
+    block needs no storage options), and the Loader it makes delivers a batch."""
+    from ndp_test_helpers import markdown_blocks
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "guides" / "multi-node.md"
+    (code,) = [c for lang, c in markdown_blocks(page.read_text(encoding="utf-8"))
+               if lang == "python"]
+    assert "/local/nvme/ndp" in code
+    local = tmp_path / "local"
+    write_shards(local, [s.encode() for s in ramp_specs([700] * 40)])
+    upload(local, s3_server.fs(), f"{s3_server.bucket('bucket')}/tokens")
+    for name, value in (("AWS_ENDPOINT_URL", s3_server.endpoint), ("AWS_ACCESS_KEY_ID", "testing"),
+                        ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    namespace: dict = {}
+    exec(compile(code.replace("/local/nvme/ndp", str(tmp_path / "cache")), str(page), "exec"),
+         namespace)
+    with namespace["loader"] as loader:
+        batch = next(iter(loader))
+    assert tuple(batch["x"].shape) == (16, 1024)
