@@ -119,3 +119,16 @@ def test_every_package_folder_is_installed():
         "packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in ROOT.glob("ndp/**/__init__.py")}
     assert found and found | {"ndp.kernels"} == listed
+
+
+def test_the_repository_top_holds_the_design_cards_entries_and_nothing_else():
+    """The design card's top level (pyproject.toml, README.md, ndp/, kernels/, tests/,
+    benchmarks/, notebooks/), the docs site (docs/, mkdocs.yml) and CI (.ci/, .gitignore): a
+    file committed there by mistake (a wheel once was) fails here."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    top = {path.split("/", 1)[0] for path in tracked}
+    assert top == {"pyproject.toml", "README.md", "ndp", "kernels", "tests", "benchmarks",
+                   "notebooks", "docs", "mkdocs.yml", ".ci", ".gitignore"}
