@@ -21,6 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import golden  # noqa: E402
+from test_documents import batches, segments  # noqa: E402
 from test_explain import check_batch, make  # noqa: E402
 
 import ndp  # noqa: E402
@@ -35,16 +36,6 @@ CONFIGS = ("rank1of3", "lazy", "mix")
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
     return golden.write_datasets(tmp_path_factory.mktemp("align"))
-
-
-def host(value):
-    return np.array(value if isinstance(value, np.ndarray) else value.copy_to_host())
-
-
-def batches(loader):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return [{k: host(v) for k, v in b.items()} for b in loader]
 
 
 def stream_of(unaligned):
@@ -170,8 +161,6 @@ def test_a_resume_mid_epoch_delivers_the_rest_of_the_run(datasets, name):
 def test_documents_of_aligned_windows(datasets):
     """Each window starts a document: position and document id 0 at its first token; the
     ``cu_seqlens`` are the segments its document ids cut, as unaligned."""
-    from test_documents import segments
-
     with make(datasets, "packed", "rank1of3", align="bos", documents=True) as loader:
         got = batches(loader)
     with make(datasets, "packed", "rank1of3", align="bos") as loader:
