@@ -41,9 +41,12 @@ WORKER = textwrap.dedent("""
         loss.backward()  # every rank takes part, batch for batch
         opt.step()
         digests.append(hashlib.sha256(batch["x"].numpy().tobytes()).hexdigest())
-    print("RESULT", json.dumps({"rank": dist.get_rank(), "local": os.environ["LOCAL_RANK"],
-                                "node": os.environ["GROUP_RANK"], "n": n,
-                                "digests": digests}), flush=True)
+    # A file per rank: a line of over 4 KiB that two ranks print to one pipe can interleave.
+    result = os.path.join(os.environ["RESULTS"], f"rank{dist.get_rank()}.json")
+    with open(result + ".tmp", "w") as f:
+        json.dump({"rank": dist.get_rank(), "local": os.environ["LOCAL_RANK"],
+                   "node": os.environ["GROUP_RANK"], "n": n, "digests": digests}, f)
+    os.replace(result + ".tmp", result)
     loader.close()
     dist.barrier()
     dist.destroy_process_group()
@@ -75,7 +78,8 @@ def test_two_nodes_of_two_ranks_over_object_storage(tmp_path, s3_server):
     port = _free_port()
     procs = []
     for node in range(2):
-        env = dict(os.environ, NODE_CACHE=str(tmp_path / f"node{node}" / "cache"),
+        env = dict(os.environ, RESULTS=str(tmp_path),
+                   NODE_CACHE=str(tmp_path / f"node{node}" / "cache"),
                    NDP_COUNT_CACHE=str(tmp_path / f"node{node}" / "counts"),
                    NDP_NUM_THREADS="1", OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
@@ -94,11 +98,9 @@ def test_two_nodes_of_two_ranks_over_object_storage(tmp_path, s3_server):
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-3000:]
     results = {}
-    for out in outs:
-        for line in out.splitlines():
-            if "RESULT " in line:
-                got = json.loads(line.split("RESULT ", 1)[1])
-                results[got["rank"]] = got
+    for path in tmp_path.glob("rank*.json"):
+        got = json.loads(path.read_text())
+        results[got["rank"]] = got
     assert sorted(results) == [0, 1, 2, 3]
     assert {(r["node"], r["local"]) for r in results.values()} == {
         (str(n), str(k)) for n in range(2) for k in range(2)}
