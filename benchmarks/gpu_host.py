@@ -136,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="padded,packed,packing",
                     help="modes to run; packed+documents: packed with documents=True; "
                          "packed+bos: with align='bos' (packed+documents+bos: both)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the modes this many times over, interleaved; with a mode and its "
+                         "+ variant (packed, packed+documents) the report compares their "
+                         "medians (``extra_cpu``)")
+    ap.add_argument("--sources", default="host,resident", help="host, resident or both")
     ap.add_argument("--quick", action="store_true", help="small data, for a smoke run")
     add_out_argument(ap)
     args = ap.parse_args(argv)
@@ -164,14 +169,19 @@ def main(argv: list[str] | None = None) -> int:
         corpus = Corpus(data, manifest="ignore")
         truth = null_device.verdicts_of(corpus)
         report["config"].update(packets=len(corpus), shards=len(corpus.shards))
-        for mode in args.modes.split(","):
-            for resident in (False, True):
+        for mode in args.modes.split(",") * args.repeat:
+            for resident in [s == "resident" for s in args.sources.split(",")]:
                 row = measure(corpus, truth, mode=mode, resident=resident, batch=args.batch,
                               seq=args.seq, seconds=args.seconds,
                               shard_bytes=args.shard_mb << 20)
                 report["results"].append(row)
                 _print(row)
     rows = report["results"]
+    report["extra_cpu"] = extra_cpu(rows)
+    for line in report["extra_cpu"]:
+        print(f"{line['mode']} over {line['base']} ({line['source']}, medians of "
+              f"{line['runs']}): {line['base_cpu_us']:.1f} -> {line['cpu_us']:.1f} us/batch "
+              f"({100 * line['extra']:+.1f}% CPU per token)")
     report["targets_met"] = {
         "host_us_per_batch": max(r["host_us_per_batch"] for r in rows)
         <= TARGETS["host_us_per_batch"],
@@ -186,6 +196,24 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
+
+
+def extra_cpu(rows: list[dict]) -> list[dict]:
+    """Each ``base+option`` mode's CPU per batch against its ``base`` mode's, per source: the
+    medians of the runs (``--repeat``), and the relative difference (issue 36: documents=True
+    adds at most 10% host CPU per token)."""
+    by: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        by.setdefault((r["mode"], r["source"]), []).append(r["cpu_us_per_batch"])
+    out = []
+    for (mode, source), runs in by.items():
+        base = mode.split("+")[0]
+        if base == mode or (base, source) not in by:
+            continue
+        a, b = float(np.median(by[(base, source)])), float(np.median(runs))
+        out.append({"mode": mode, "base": base, "source": source, "runs": len(runs),
+                    "base_cpu_us": a, "cpu_us": b, "extra": b / a - 1})
+    return out
 
 
 def _print(row: dict) -> None:

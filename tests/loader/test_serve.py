@@ -174,3 +174,32 @@ def test_the_batches_are_made_on_the_producer_and_next_only_hands_them_out(
         n = sum(1 for _ in loader)
     assert n > 3 and set(threads) == {"ndp-loader"}
     assert sum(k for _, k in taken) == n and all(c.batches is None for c, _ in taken)
+
+
+
+@pytest.mark.parametrize("output", ["arrays", "torch"])
+def test_the_consumer_frees_no_batch_the_producer_lets_go_of_them(corpus, output):
+    """A loop that drops its batches frees none of them in its own thread: each chunk's dicts
+    and arrays are let go of by the producer (``ndp-loader``) when it takes their slot again
+    (on today's code before this, the consumer freed them as it finished each chunk)."""
+    if output == "torch":
+        pytest.importorskip("torch")
+    import threading
+    import weakref
+
+    freed: list[str] = []
+
+    def note() -> None:
+        freed.append(threading.current_thread().name)
+
+    loader = make(corpus, "cpu", output, "padded", shuffle=False)
+    n = 0
+    for _ in range(3):
+        for batch in loader:
+            weakref.finalize(batch["input_ids"], note)
+            n += 1
+    del batch
+    during = list(freed)
+    loader.close()
+    assert n > 20 and len(during) >= n - 8  # all but the chunks still held
+    assert set(during) == {"ndp-loader"}
