@@ -11,7 +11,8 @@ mode), so what it says is what the Loader delivers, on either backend, row for r
   ``ndp.loader.planning.steps``);
 * where that batch starts in the rank's share: ``padded`` and ``packing`` batches start where
   the index's token counts say (``Plan.chunk_end``: one compiled pass over the positions
-  before it, no packet read); a ``packed`` batch starts after the valid tokens before it, so
+  before it, no packet read; in ``packing``, from the last of the count's marks before it,
+  where every 256th batch starts, ``ndp.loader.planning.count``); a ``packed`` batch starts after the valid tokens before it, so
   the packets between the epoch's start (or the last step explained in that epoch) and it are
   read and checked, as the Loader would (chunks without outputs);
 * the batch itself, decoded without outputs: per row, the pieces of packets it holds
@@ -158,6 +159,11 @@ class Explainer:
             if have is not None and done < have[2] <= batch:
                 pos, tok, done, upto = have
         never = lambda: False  # noqa: E731 - the wait for the count is never abandoned
+        marks = sh.count.marks if sh.count.final else None  # packing: where batches start
+        if marks is not None and marks[1]:
+            j = min(batch // marks[0], len(marks[1]) - 1)
+            if j * marks[0] > done:
+                pos, tok, done, upto = int(marks[1][j]), 0, j * marks[0], int(marks[1][j])
         if plan.mode != "packed":  # by the index: to the batch itself
             while done < batch:
                 nxt = plan_chunk(plan.mode, sh, shapes, pos, tok, done, batch - done, never)

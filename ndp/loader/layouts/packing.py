@@ -108,8 +108,9 @@ def _count_batches(lengths, starts, sizes, lens, budgets, batch_of):  # pragma: 
 
 
 @cpu_kernel
-def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets,
-                           carry):  # pragma: no cover - compiled
+def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets, carry,
+                           every, first, marks):  # pragma: no cover - compiled
+    made = 0
     for i in range(lengths.shape[0]):
         if not take[i]:
             continue
@@ -119,6 +120,11 @@ def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets,
             carry[0, k] = 0
             carry[1, k] = 0
             carry[3, k] = 0
+            if every > 0:
+                marks[made, 0] = k
+                marks[made, 1] = 0
+                marks[made, 2] = (first + i) // ranks
+                made += 1
         p = phase_of(starts, carry[2, k] - 1)  # the open batch's shape
         row_len = lens[p]
         m = min(lengths[i], row_len)
@@ -128,6 +134,11 @@ def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets,
                 m = min(lengths[i], lens[phase_of(starts, carry[2, k] - 1)])
                 carry[0, k] = 0
                 carry[3, k] = 0
+                if every > 0 and (carry[2, k] - 1) % every == 0:
+                    marks[made, 0] = k
+                    marks[made, 1] = carry[2, k] - 1
+                    marks[made, 2] = (first + i) // ranks
+                    made += 1
             carry[0, k] += 1
             carry[3, k] += m
             continue
@@ -141,9 +152,14 @@ def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets,
             m = min(lengths[i], lens[phase_of(starts, carry[2, k] - 1)])
             r = 0
             c = 0
+            if every > 0 and (carry[2, k] - 1) % every == 0:
+                marks[made, 0] = k
+                marks[made, 1] = carry[2, k] - 1
+                marks[made, 2] = (first + i) // ranks
+                made += 1
         carry[0, k] = r
         carry[1, k] = c + m
-    return 0
+    return made
 
 
 @cpu_kernel
@@ -211,15 +227,28 @@ def budget_ends(lengths: np.ndarray, *, budget: int, row_len: int, most: int) ->
 
 
 def count_batches_by_rank(lengths: np.ndarray, take: np.ndarray, ranks: int, shapes: Shapes,
-                          carry: np.ndarray) -> None:
+                          carry: np.ndarray, *, every: int = 0, first: int = 0
+                          ) -> np.ndarray:
     """``count_batches`` of ``ranks`` interleaved streams at once, fed a piece at a time:
     element ``i`` of ``lengths`` belongs to stream ``i % ranks`` and is one of its examples
     where ``take[i]``. ``carry`` (int64, 4 x ``ranks``, ``new_carry``: each stream's row and
     column in its open batch, its batches so far, and the open batch's tokens) goes from
     piece to piece, so that ``carry[2]`` is, per stream, ``count_batches`` of all its
-    examples however they were cut."""
-    _count_batches_by_rank(np.ascontiguousarray(lengths, np.int64),
-                           np.ascontiguousarray(take, np.bool_), ranks, *shapes.arrays(), carry)
+    examples however they were cut.
+
+    With ``every``, the marks of the piece: ``(stream, batch, position)`` rows (int64), one
+    for each batch whose number is a multiple of ``every`` that opens in it, ``position``
+    being ``(first + i) // ranks`` for the element ``i`` that opens it (``first``: the
+    piece's first element's place in the epoch, so the position is its stream's share
+    position). Empty without ``every``."""
+    n = lengths.shape[0]
+    # a stream opens at most one batch per element: a mark per ``every`` of them, one more
+    marks = np.empty((min(n, n // every + ranks) if every > 0 else 0, 3), np.int64)
+    made = _count_batches_by_rank(np.ascontiguousarray(lengths, np.int64),
+                                  np.ascontiguousarray(take, np.bool_), ranks,
+                                  *shapes.arrays(), carry, np.int64(every), np.int64(first),
+                                  marks)
+    return marks[:made]
 
 
 def new_carry(ranks: int) -> np.ndarray:

@@ -35,6 +35,19 @@ BLOCK = 1 << 18
 #: packing: the epoch's first places counted from their entries read one by one, for a first
 #: bound before the first window's tokens are read whole (1 s for 27 M packets here)
 PRIME = 1 << 15
+#: packing: the pass marks where every this many batches start in each rank's share (more
+#: apart for shares so long that marks would be more than ``MOST_MARKS`` a rank), so that a
+#: far batch is planned from the mark before it, not the epoch's start (``ndp.loader.explain``)
+MARK_EVERY = 256
+MOST_MARKS = 1 << 16
+
+
+def mark_every(length: int) -> int:
+    """How many batches apart the marks of shares of ``length`` places are: a power of two."""
+    every = MARK_EVERY
+    while length // every > MOST_MARKS:
+        every *= 2
+    return every
 
 
 def tokens_one_by_one(corpus: Any, win: Any, n: int) -> np.ndarray:
@@ -73,6 +86,9 @@ class Count:
         self._running = threading.Lock()
         self.final = work is None  #: the pass is done (or there is none)
         self.peak = 0  #: the most elements of any per-packet array the pass built
+        #: packing: ``(every, positions)``: where batch ``j * every`` of this rank starts in
+        #: its share is ``positions[j]`` (``count_pass``), or None
+        self.marks: tuple[int, list[int]] | None = None
 
     @property
     def known(self) -> bool:
@@ -86,13 +102,16 @@ class Count:
                 self._bound = bound
                 self._cond.notify_all()
 
-    def finish(self, batches: int | None = None, cut: Cut | None = None) -> None:
-        """The pass is done: the count (if it counted it) and the cut."""
+    def finish(self, batches: int | None = None, cut: Cut | None = None,
+               marks: tuple[int, list[int]] | None = None) -> None:
+        """The pass is done: the count (if it counted it), the cut and the marks."""
         with self._cond:
             if batches is not None:
                 self._batches = self._bound = batches
             if cut is not None:
                 self.cut = cut
+            if marks is not None:
+                self.marks = marks
             self.final = True
             self._cond.notify_all()
 
@@ -159,17 +178,22 @@ class Count:
 def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode: str,
                shapes: Shapes, count: Count, stop: Any = None,
                publish: Callable[[int], None] | None = None, block: int = BLOCK,
-               align: str | None = None) -> tuple[int | None, list[Cut] | None]:
+               align: str | None = None
+               ) -> tuple[int | None, list[Cut] | None, dict | None]:
     """Count ``windows``' epoch for ``RankOrder`` shares of ``length`` places a rank
     (``ndp.loader.ordering.share``): ``packed``, every rank's token sum; ``packing``, every rank's
     greedy batch count; ``padded``, every rank's ``Cut`` (``shapes``: the epoch's batch shapes,
     ``ndp.loader.planning.shapes``); packed windows at documents (``align``), every rank's greedy
     window count (``ndp.loader.layouts.align``). Publishes bounds to ``count`` (and
     ``publish``; its ``peak`` too) as it goes; returns (the batch count, or None in padded
-    mode; the cut of each rank, or None), for the caller to ``finish`` it with."""
+    mode; the cut of each rank, or None; packing's marks, ``{"every": e, "at": [per rank,
+    the share position where each of its batches ``0, e, 2e, ..`` starts]}``, or None), for
+    the caller to ``finish`` it with."""
     W, limit = world_size, length * world_size  # places from ``limit`` on are cut from all
     sums = np.zeros(W, np.int64)
     carry = new_carry(W)
+    every = mark_every(length)
+    marks: list[list[int]] = [[] for _ in range(W)]  # packing
     at_docs = aligned.new_carry(W)  # packed, align="bos"
     ordered = mode == "packing" or (mode == "packed" and align is not None)
     cuts = np.zeros((4, W), np.int64)  # per rank: tokens, truncated, longer, longest
@@ -193,7 +217,11 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
             aligned.count_aligned_by_rank(lengths, take, W, shapes, at_docs)
             bound(int(aligned.batches(at_docs).min()))
             return
-        count_batches_by_rank(lengths, take, W, shapes, carry)
+        got = count_batches_by_rank(lengths, take, W, shapes, carry, every=every,
+                                    first=at + a - off)
+        for k, b, p in got.tolist():  # in batch order, per rank
+            if b == len(marks[k]) * every:
+                marks[k].append(p)
         bound(int(carry[2].min()))
 
     at = 0  # the epoch place of the window's first packet
@@ -235,9 +263,9 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
                 np.maximum.at(cuts[3], ranks, toks)
         at += size
     if mode == "packed" and align is not None:
-        return int(aligned.batches(at_docs).min()), None
+        return int(aligned.batches(at_docs).min()), None, None
     if mode == "packed":
-        return shapes.packed_batches(int(sums.min())), None
+        return shapes.packed_batches(int(sums.min())), None, None
     if mode == "packing":
-        return int(carry[2].min()), None
-    return None, [Cut(*(int(v) for v in cuts[:, r])) for r in range(W)]
+        return int(carry[2].min()), None, {"every": every, "at": marks}
+    return None, [Cut(*(int(v) for v in cuts[:, r])) for r in range(W)], None

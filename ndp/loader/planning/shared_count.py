@@ -193,8 +193,9 @@ def wait_or_claim(shared: SharedCount, publish: Any, stop: Any) -> tuple[dict | 
 
 #: the shared count's own version: a change to what a count holds must change it (2: the
 #: indexes' stamps in the key and their entries' digests in the count; 3: the digests are
-#: ``ndp.store.index_walk.digest``'s, not a crc32)
-VERSION = 3
+#: ``ndp.store.index_walk.digest``'s, not a crc32; 4: packing counts keep their marks,
+#: ``ndp.loader.planning.count``)
+VERSION = 4
 
 
 def check_against(corpus: Any, shared: SharedCount | None, result: dict) -> None:
@@ -236,41 +237,45 @@ def epoch_count(corpus: Any, windows: list, fields: dict, *, rank: int, world_si
     shared = None if fields.get("fingerprint") is None else SharedCount.open(
         {**fields, "count_version": VERSION})  # no fingerprint: nothing to key it by
 
-    def taken(result: dict) -> tuple[int | None, Cut | None]:
+    def taken(result: dict) -> tuple[int | None, Cut | None, tuple | None]:
         check_against(corpus, shared, result)
-        cuts = result.get("cuts")
-        return result.get("batches"), None if cuts is None else Cut(*cuts[rank])
+        cuts, marks = result.get("cuts"), result.get("marks")
+        return (result.get("batches"), None if cuts is None else Cut(*cuts[rank]),
+                None if marks is None else (int(marks["every"]), marks["at"][rank]))
 
     result = shared.found() if shared is not None else None
     if result is not None:
-        batches, cut = taken(result)
+        batches, cut, marks = taken(result)
         done(batches, 0)
-        return Count(known if batches is None else batches, cut=cut)
+        count = Count(known if batches is None else batches, cut=cut)
+        count.marks = marks
+        return count
 
     def work(count: Count, stop: Any) -> None:
         lock = None
         if shared is not None:
             result, lock = wait_or_claim(shared, count.publish, stop)
             if result is not None:
-                batches, cut = taken(result)
+                batches, cut, marks = taken(result)
                 done(batches, 0)
-                count.finish(batches, cut)
+                count.finish(batches, cut, marks)
                 return
         try:
-            batches, cuts = count_pass(corpus, windows, world_size=world_size, length=length,
+            batches, cuts, marks = count_pass(corpus, windows, world_size=world_size, length=length,
                                        mode=mode, shapes=shapes, count=count, stop=stop,
                                        publish=None if lock is None else shared.publish,
                                        align=fields.get("align"))
             if lock is not None:  # with the digests of the entries it was counted from
                 digests = [None if d is None else int(d)
                            for d in getattr(corpus, "digests", [])]
-                shared.save({"batches": batches, "digests": digests,
+                shared.save({"batches": batches, "digests": digests, "marks": marks,
                              "cuts": None if cuts is None else
                              [[c.tokens, c.truncated, c.longer, c.longest] for c in cuts]})
         finally:
             if lock is not None:
                 lock.release()
         done(batches, count.peak)
-        count.finish(batches, None if cuts is None else cuts[rank])
+        count.finish(batches, None if cuts is None else cuts[rank],
+                     None if marks is None else (marks["every"], marks["at"][rank]))
 
     return Count(known, work=work)
