@@ -12,9 +12,11 @@ mode), so what it says is what the Loader delivers, on either backend, row for r
 * where that batch starts in the rank's share: ``padded`` and ``packing`` batches start where
   the index's token counts say (``Plan.chunk_end``: one compiled pass over the positions
   before it, no packet read; in ``packing``, from the last of the count's marks before it,
-  where every 256th batch starts, ``ndp.loader.planning.count``); a ``packed`` batch starts after the valid tokens before it, so
-  the packets between the epoch's start (or the last step explained in that epoch) and it are
-  read and checked, as the Loader would (chunks without outputs);
+  where every 256th batch starts, ``ndp.loader.planning.marks``); a ``packed`` batch starts
+  after the valid tokens before it: from the count's marks where every packet is known to
+  decode to the tokens its index entry says (``ndp.store.clean``, a pass over the data once,
+  kept), else the packets between the epoch's start (or the last step explained in that
+  epoch) and it are read and checked, as the Loader would (chunks without outputs);
 * the batch itself, decoded without outputs: per row, the pieces of packets it holds
   (``Piece``: shard, packet, byte offset, SRC/DST/TYP, the tokens ``[start, stop)`` of the
   packet and the column they begin at), and what the batch dropped and why (``Dropped``: the
@@ -41,6 +43,8 @@ from ndp.loader.pipeline.ahead import plan_chunk
 from ndp.loader.pipeline.chunks import ChunkDecoder, batches_per_chunk
 from ndp.loader.explanation import Dropped, Explanation, Piece
 from ndp.loader.pipeline.stage import HostStager
+from ndp.loader.planning.shared_count import count_dir
+from ndp.store.clean import all_clean
 from ndp.wire.format import DropReason
 
 
@@ -67,10 +71,29 @@ class Explainer:
                                     pad_token_id=0, per_chunk=batches_per_chunk("cpu", None),
                                     vocab=vocab or NO_VOCAB)
         self.slot = Slot(0)
+        self.vocab = vocab or NO_VOCAB
+        self._clean: bool | None = None  # ``ndp.store.clean.all_clean``, once asked
         self._orders: dict[int, Any] = {}  # epoch: its RankOrder, entries ``_Held``
         self._reached: dict[int, tuple[int, int, int, int]] = {}  # epoch: pos, tok, batch,
         # counted_upto at a chunk's start
         self._lock = threading.Lock()
+
+    def _marks(self, sh: Any) -> tuple[int, list] | None:
+        """The count's marks of ``sh`` (``ndp.loader.planning.marks``) where they are where
+        this plan's batches start: packing's always; packed ones when no packet is left out
+        (``skip_packets``) and every packet decodes to the tokens its index entry says
+        (``ndp.store.clean``: checked once, and kept)."""
+        marks = sh.count.marks if sh.count.final else None
+        if marks is None or not marks[1]:
+            return None
+        if self.plan.mode == "packed":
+            if self._clean is None:
+                skipped = getattr(self.source, "skip_packets", None)
+                self._clean = ((skipped is None or not len(skipped))
+                               and all_clean(self.plan.corpus, self.vocab, keep=count_dir()))
+            if not self._clean:
+                return None
+        return marks
 
     def fits(self, plan: Any) -> bool:
         """Whether this explainer still plans as ``plan`` does (no resume since)."""
@@ -159,11 +182,13 @@ class Explainer:
             if have is not None and done < have[2] <= batch:
                 pos, tok, done, upto = have
         never = lambda: False  # noqa: E731 - the wait for the count is never abandoned
-        marks = sh.count.marks if sh.count.final else None  # packing: where batches start
-        if marks is not None and marks[1]:
-            j = min(batch // marks[0], len(marks[1]) - 1)
-            if j * marks[0] > done:
-                pos, tok, done, upto = int(marks[1][j]), 0, j * marks[0], int(marks[1][j])
+        marks = self._marks(sh)  # where every ``every``-th batch starts, if they hold
+        if marks is not None:
+            every, at = marks
+            j = min(batch // every, len(at) - 1)
+            if j * every > done:  # batch j * every - 1 reached the packet it ends in
+                pos, tok, done = int(at[j][0]), int(at[j][1]), j * every
+                upto = pos + 1 if plan.mode == "packed" else pos
         if plan.mode != "packed":  # by the index: to the batch itself
             while done < batch:
                 nxt = plan_chunk(plan.mode, sh, shapes, pos, tok, done, batch - done, never)

@@ -211,6 +211,7 @@ class Corpus:
         #: time; a scan's shard crc32), hashed: what a count made from them is keyed by beside
         #: the fingerprint (an index damaged or rebuilt in place is another version)
         self.index_stamp = hashlib.sha256(repr(stamps).encode()).hexdigest()[:16]
+        self.index_stamps = stamps  #: each shard's (``ndp.store.clean``'s key)
 
     def __len__(self) -> int:
         return self.n_packets

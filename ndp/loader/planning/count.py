@@ -29,25 +29,13 @@ from ndp.loader.planning.epoch import Stopped, window_tokens
 from ndp.loader.layouts.packing import count_batches_by_rank, new_carry
 from ndp.loader.planning.shapes import Shapes
 from ndp.loader.layouts.truncation import Cut
+from ndp.loader.planning.marks import Marks, mark_every
 
 #: packets a pass handles at once (a few arrays of 8 bytes a packet: ~10 MB)
 BLOCK = 1 << 18
 #: packing: the epoch's first places counted from their entries read one by one, for a first
 #: bound before the first window's tokens are read whole (1 s for 27 M packets here)
 PRIME = 1 << 15
-#: packing: the pass marks where every this many batches start in each rank's share (more
-#: apart for shares so long that marks would be more than ``MOST_MARKS`` a rank), so that a
-#: far batch is planned from the mark before it, not the epoch's start (``ndp.loader.explain``)
-MARK_EVERY = 256
-MOST_MARKS = 1 << 16
-
-
-def mark_every(length: int) -> int:
-    """How many batches apart the marks of shares of ``length`` places are: a power of two."""
-    every = MARK_EVERY
-    while length // every > MOST_MARKS:
-        every *= 2
-    return every
 
 
 def tokens_one_by_one(corpus: Any, win: Any, n: int) -> np.ndarray:
@@ -86,9 +74,9 @@ class Count:
         self._running = threading.Lock()
         self.final = work is None  #: the pass is done (or there is none)
         self.peak = 0  #: the most elements of any per-packet array the pass built
-        #: packing: ``(every, positions)``: where batch ``j * every`` of this rank starts in
-        #: its share is ``positions[j]`` (``count_pass``), or None
-        self.marks: tuple[int, list[int]] | None = None
+        #: ``(every, at)``: batch ``j * every`` of this rank starts at ``at[j]``, a
+        #: ``[position, token]`` of its share (``ndp.loader.planning.marks``), or None
+        self.marks: tuple[int, list[list[int]]] | None = None
 
     @property
     def known(self) -> bool:
@@ -103,7 +91,7 @@ class Count:
                 self._cond.notify_all()
 
     def finish(self, batches: int | None = None, cut: Cut | None = None,
-               marks: tuple[int, list[int]] | None = None) -> None:
+               marks: tuple[int, list[list[int]]] | None = None) -> None:
         """The pass is done: the count (if it counted it), the cut and the marks."""
         with self._cond:
             if batches is not None:
@@ -186,16 +174,18 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
     ``ndp.loader.planning.shapes``); packed windows at documents (``align``), every rank's greedy
     window count (``ndp.loader.layouts.align``). Publishes bounds to ``count`` (and
     ``publish``; its ``peak`` too) as it goes; returns (the batch count, or None in padded
-    mode; the cut of each rank, or None; packing's marks, ``{"every": e, "at": [per rank,
-    the share position where each of its batches ``0, e, 2e, ..`` starts]}``, or None), for
-    the caller to ``finish`` it with."""
+    mode; the cut of each rank, or None; the marks, ``ndp.loader.planning.marks.Marks``'
+    ``as_dict``, in packing mode and in packed mode with one batch shape and windows not at
+    documents, else None), for the caller to ``finish`` it with."""
     W, limit = world_size, length * world_size  # places from ``limit`` on are cut from all
     sums = np.zeros(W, np.int64)
     carry = new_carry(W)
-    every = mark_every(length)
-    marks: list[list[int]] = [[] for _ in range(W)]  # packing
+    marks = Marks(W, mark_every(length))
+    # packed marks: where the index's stream reaches each batch, in the order's places
+    marked = mode == "packing" or (mode == "packed" and align is None and shapes.constant)
+    per_batch = shapes.sizes[0] * shapes.lens[0]
     at_docs = aligned.new_carry(W)  # packed, align="bos"
-    ordered = mode == "packing" or (mode == "packed" and align is not None)
+    ordered = mode == "packing" or (mode == "packed" and (align is not None or marked))
     cuts = np.zeros((4, W), np.int64)  # per rank: tokens, truncated, longer, longest
     # padded: the T of each share position's row (one T: no array)
     seq_len = shapes.lens[0] if shapes.constant else None
@@ -207,21 +197,23 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
             publish(value)
 
     def greedy(toks: np.ndarray, a: int, b: int) -> None:
-        """Packing: the window's places ``[a, b)`` (of tokens ``toks``) laid out by rank."""
+        """The window's places ``[a, b)`` (of tokens ``toks``) laid out by rank, in order:
+        packing's greedy count, packed windows at documents, or packed marks."""
         off = (at + a) % W  # element i of the laid-out block is rank i % W's
         lengths = np.zeros(off + b - a, np.int64)
         lengths[off:] = toks
         take = np.zeros(off + b - a, bool)
         take[off:] = np.arange(at + a, at + b) < limit
-        if mode == "packed":
+        if mode == "packed" and align is not None:
             aligned.count_aligned_by_rank(lengths, take, W, shapes, at_docs)
             bound(int(aligned.batches(at_docs).min()))
             return
-        got = count_batches_by_rank(lengths, take, W, shapes, carry, every=every,
-                                    first=at + a - off)
-        for k, b, p in got.tolist():  # in batch order, per rank
-            if b == len(marks[k]) * every:
-                marks[k].append(p)
+        if mode == "packed":  # each rank's stream, and where it reaches each marked batch
+            marks.packed(lengths, take, per_batch=per_batch, first=at + a - off)
+            bound(shapes.packed_batches(int(marks.sums.min())))
+            return
+        marks.add(count_batches_by_rank(lengths, take, W, shapes, carry, every=marks.every,
+                                        first=at + a - off))
         bound(int(carry[2].min()))
 
     at = 0  # the epoch place of the window's first packet
@@ -264,8 +256,10 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
         at += size
     if mode == "packed" and align is not None:
         return int(aligned.batches(at_docs).min()), None, None
+    if mode == "packed" and marked:
+        return shapes.packed_batches(int(marks.sums.min())), None, marks.as_dict()
     if mode == "packed":
         return shapes.packed_batches(int(sums.min())), None, None
     if mode == "packing":
-        return int(carry[2].min()), None, {"every": every, "at": marks}
+        return int(carry[2].min()), None, marks.as_dict()
     return None, [Cut(*(int(v) for v in cuts[:, r])) for r in range(W)], None
