@@ -193,9 +193,9 @@ def wait_or_claim(shared: SharedCount, publish: Any, stop: Any) -> tuple[dict | 
 
 #: the shared count's own version: a change to what a count holds must change it (2: the
 #: indexes' stamps in the key and their entries' digests in the count; 3: the digests are
-#: ``ndp.store.index_walk.digest``'s, not a crc32; 4: packing counts keep their marks,
-#: ``ndp.loader.planning.count``)
-VERSION = 4
+#: ``ndp.store.index_walk.digest``'s, not a crc32; 4, 5: packing, then packed counts keep
+#: their marks, ``ndp.loader.planning.marks``)
+VERSION = 5
 
 
 def check_against(corpus: Any, shared: SharedCount | None, result: dict) -> None:
