@@ -6,11 +6,14 @@ On the synthetic dataset of ``bench_scale.py`` (documents of 16 tokens), rank 3 
 end, one after the other: each call's wall and CPU seconds, and the first call's apart (it
 loads Numba's cached compilations, and counts the epoch where ``len`` is not yet known). How
 it grows (``ndp.loader.explain``): ``padded`` finds a batch by arithmetic; ``packing`` by one
-compiled pass over the index token counts of the share positions before it (O(position));
-``packed`` reads and checks the packets before it (O(position), the bytes too), except from
-the last step explained in the same epoch or where the Loader stands (a loop's position, or
-a resumed state's): the last call, in a Loader resumed from a state saved after
-``--loop-steps`` batches, asks for the step 5 after it.
+compiled pass over the index token counts of the share positions from the count's mark
+before it (``ndp.loader.planning.marks``: every 256th batch; O(1)); ``packed`` reads and
+checks the packets from its mark (marks at most 2**20 tokens apart, O(1)) once every
+packet is known to decode to its index's tokens (``ndp.store.clean``: a pass over the data,
+once per dataset and kept, timed apart as ``clean_check``), else from the epoch's start
+(O(position), the bytes too), or from the last step explained in the same epoch or where the
+Loader stands (a loop's position, or a resumed state's): the last call, in a Loader resumed
+from a state saved after ``--loop-steps`` batches, asks for the step 5 after it.
 
     python benchmarks/bench_explain.py --out benchmarks/results            # 1e8 documents
     python benchmarks/bench_explain.py --sizes 1e5 --smoke
@@ -47,6 +50,14 @@ loader = ndp.Loader(job["data"], **job["kw"])
 t = time.perf_counter()
 n = len(loader)
 count_s = time.perf_counter() - t
+# packed: the one check that every packet decodes to its index's tokens (kept: a later
+# process finds it), which packed marks rely on; timed apart from the calls
+from ndp.loader.planning.shared_count import count_dir
+from ndp.store.clean import all_clean
+t, c = time.perf_counter(), time.process_time()
+clean = (all_clean(loader.corpus, loader.vocab_size, keep=count_dir(), progress=False)
+         if job["kw"]["mode"] == "packed" else None)
+check = {"clean": clean, "wall_s": time.perf_counter() - t, "cpu_s": time.process_time() - c}
 rows = []
 for f in job["fractions"]:
     step = min(int(f * n), n - 1)
@@ -71,7 +82,8 @@ rows.append({"step": step, "fraction": step / n, "wall_s": time.perf_counter() -
              "after_loop_steps": job["loop_steps"]})
 loader.close()
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
-print(json.dumps({"batches": n, "len_s": count_s, "calls": rows, "peak_rss_mb": hwm / 1024}))
+print(json.dumps({"batches": n, "len_s": count_s, "clean_check": check, "calls": rows,
+                  "peak_rss_mb": hwm / 1024}))
 """
 
 
@@ -91,6 +103,11 @@ def measure(n: int, mode: str, args: argparse.Namespace) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{out.stderr[-3000:]}")
     got = json.loads(out.stdout.strip().splitlines()[-1])
+    check = got["clean_check"]
+    if check["clean"] is not None:
+        print(f"{size_name(n)} {mode}: packets checked against their indexes "
+              f"(clean: {check['clean']}) in {check['wall_s']:.2f} s wall, "
+              f"{check['cpu_s']:.2f} s CPU, once", flush=True)
     for row in got["calls"]:
         print(f"{size_name(n)} {mode}: step {row['step']:>9,} ({row['fraction']:.1%}) "
               f"{row['wall_s']:.2f} s wall, {row['cpu_s']:.2f} s CPU", flush=True)

@@ -13,9 +13,10 @@ mode), so what it says is what the Loader delivers, on either backend, row for r
   the index's token counts say (``Plan.chunk_end``: one compiled pass over the positions
   before it, no packet read; in ``packing``, from the last of the count's marks before it,
   where every 256th batch starts, ``ndp.loader.planning.marks``); a ``packed`` batch starts
-  after the valid tokens before it: from the count's marks where every packet is known to
-  decode to the tokens its index entry says (``ndp.store.clean``, a pass over the data once,
-  kept), else the packets between the epoch's start (or the last step explained in that
+  after the valid tokens before it: from the count's marks (every ``e``-th batch, ``e`` the
+  most batches, a power of two up to 256, that hold at most 2**20 tokens) where every packet is known to decode to
+  the tokens its index entry says (``ndp.store.clean``, a pass over the data once, kept),
+  else the packets between the epoch's start (or the last step explained in that
   epoch) and it are read and checked, as the Loader would (chunks without outputs);
 * the batch itself, decoded without outputs: per row, the pieces of packets it holds
   (``Piece``: shard, packet, byte offset, SRC/DST/TYP, the tokens ``[start, stop)`` of the

@@ -180,10 +180,10 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
     W, limit = world_size, length * world_size  # places from ``limit`` on are cut from all
     sums = np.zeros(W, np.int64)
     carry = new_carry(W)
-    marks = Marks(W, mark_every(length))
     # packed marks: where the index's stream reaches each batch, in the order's places
     marked = mode == "packing" or (mode == "packed" and align is None and shapes.constant)
     per_batch = shapes.sizes[0] * shapes.lens[0]
+    marks = Marks(W, mark_every(length, per_batch=per_batch if mode == "packed" else None))
     at_docs = aligned.new_carry(W)  # packed, align="bos"
     ordered = mode == "packing" or (mode == "packed" and (align is not None or marked))
     cuts = np.zeros((4, W), np.int64)  # per rank: tokens, truncated, longer, longest

@@ -24,14 +24,23 @@ import numpy as np
 
 from ndp.kernels._jit import cpu_kernel
 
-#: the pass marks where every this many batches start in each rank's share (more apart for
-#: shares so long that marks would be more than ``MOST_MARKS`` a rank)
+#: the pass marks where every this many batches start in each rank's share (packing: more
+#: apart for shares so long that marks would be more than ``MOST_MARKS`` a rank; packed:
+#: fewer batches apart where that many hold more than ``MARK_TOKENS`` tokens, as a far step's
+#: explanation reads the packets from its mark)
 MARK_EVERY = 256
 MOST_MARKS = 1 << 16
+MARK_TOKENS = 1 << 20
 
 
-def mark_every(length: int) -> int:
-    """How many batches apart the marks of shares of ``length`` places are: a power of two."""
+def mark_every(length: int, *, per_batch: int | None = None) -> int:
+    """How many batches apart the marks of shares of ``length`` places are (a power of two,
+    or ``MARK_EVERY``); ``per_batch``: packed batches of that many tokens."""
+    if per_batch is not None:
+        every = 1
+        while every * 2 * per_batch <= MARK_TOKENS:
+            every *= 2
+        return min(every, MARK_EVERY)
     every = MARK_EVERY
     while length // every > MOST_MARKS:
         every *= 2
