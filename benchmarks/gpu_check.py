@@ -136,7 +136,7 @@ def steps(sanitizer_path: str, out: Path) -> list[tuple[str, list[str], int]]:
         ("memcheck", [sanitizer_path, "--tool", "memcheck", "--report-api-errors", "no",
                       "--error-exitcode", "9", PY, "tests/kernels/hostile_run.py"], 150),
         ("bench-gpu-loader", [PY, "benchmarks/bench_gpu_loader.py", "--seconds", "3",
-                              *to_out], 120),
+                              "--modes", "padded", "packed", "packed+documents", *to_out], 150),
         ("bench-gpu", [PY, "benchmarks/bench_gpu.py", "--quick", *to_out], 60),
         ("bench-loaders", [PY, "benchmarks/bench_loaders.py", "--quick", "--seconds", "3",
                            "--pipelines", "ndp-gpu-padded", "ndp-gpu-packed", "ndp-cpu-padded",

@@ -10,7 +10,7 @@
 #      the GPU where there is one);
 #   3. benchmarks/kernel_profile.py: Nsight Compute on the verdict and build kernels (PROFILE=0
 #      leaves it out);
-#   4. bench_gpu_loader.py alone on the device (BENCH=0 leaves it out);
+#   4. bench_gpu_loader.py alone on the device, packed+documents too (BENCH=0 leaves it out);
 #   5. benchmarks/bench_schedule.py --backend cuda: a schedule's cost on the GPU (SCHEDULE=0);
 #   6. benchmarks/train_gpt2.py at GPT-2-small size: ndp on the GPU, torchdata (the fastest peer
 #      of bench_loaders.py, from a carried wheel) and ndp on the CPU (TRAIN=0);
@@ -72,7 +72,7 @@ if [ "${PROFILE:-1}" = 1 ]; then
 fi
 if [ "${BENCH:-1}" = 1 ]; then
     echo "== gpu_check: the loader benchmark ($(left) s left)"
-    python3 benchmarks/gpu_check.py --out "$RES" --budget "$(cap 130)" --steps bench-gpu-loader
+    python3 benchmarks/gpu_check.py --out "$RES" --budget "$(cap 160)" --steps bench-gpu-loader
 fi
 if [ "${SCHEDULE:-1}" = 1 ]; then
     echo "== bench_schedule on the GPU ($(left) s left)"
