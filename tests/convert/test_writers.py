@@ -32,11 +32,19 @@ def _jsonl(path: Path, files: int) -> Path:
     return path
 
 
+def _interruptible() -> None:
+    """In the child before it starts: SIGINT at its default, as under a terminal, so Python
+    raises KeyboardInterrupt for it. A suite run in the background (``cmd &`` in a script) has
+    SIGINT ignored, and a child would inherit that and let the Ctrl-C pass (it did)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _convert(src: Path, out: Path, tokenizer: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", CLI, "convert", str(src), str(out), "--tokenizer", tokenizer,
          "--overflow", "split", "--no-progress", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_interruptible)
 
 
 def _staging(out: Path, pid: int) -> Path:
