@@ -37,6 +37,7 @@ def test_gpu_benchmark_smoke_run_under_the_simulator(tmp_path):
 def test_gpu_loader_benchmark_smoke_run_under_the_simulator(tmp_path):
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     proc = subprocess.run([sys.executable, str(BENCH / "bench_gpu_loader.py"), "--smoke",
+                           "--modes", "padded", "packed", "packed+documents",
                            "--out", str(tmp_path)], capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -44,7 +45,8 @@ def test_gpu_loader_benchmark_smoke_run_under_the_simulator(tmp_path):
     report = json.loads(result.read_text())
     assert report["device"]["simulated"] is True and "--smoke" in report["command"]
     expected = {f"ndp_{kind}_{mode}" for kind in ("cuda_host", "cuda_resident", "cpu_copy")
-                for mode in ("padded", "packed")} | {"nanogpt_get_batch"}
+                for mode in ("padded", "packed")} | {"nanogpt_get_batch"} | {
+        f"ndp_{kind}_packed+documents" for kind in ("cuda_host", "cuda_resident")}
     assert set(report["results"]) == expected
     for name, row in report["results"].items():
         assert row["tokens"] == row["batches"] * 2 * 16 and row["next_p50_us"] > 0

@@ -67,12 +67,12 @@ class Explainer:
                 rank=plan.rank, world_size=plan.world_size, batch_size=plan.batch_setting,
                 seq_len=plan.len_setting)
             self.plan.grown.resumed = plan.grown.resumed
+        self.vocab = vocab or NO_VOCAB
         self.engine = CpuEngine()
         self.decoder = ChunkDecoder(self.engine, HostStager(plan.corpus), self.plan,
                                     pad_token_id=0, per_chunk=batches_per_chunk("cpu", None),
-                                    vocab=vocab or NO_VOCAB)
+                                    vocab=self.vocab)
         self.slot = Slot(0)
-        self.vocab = vocab or NO_VOCAB
         self._clean: bool | None = None  # ``ndp.store.clean.all_clean``, once asked
         self._orders: dict[int, Any] = {}  # epoch: its RankOrder, entries ``_Held``
         self._reached: dict[int, tuple[int, int, int, int]] = {}  # epoch: pos, tok, batch,

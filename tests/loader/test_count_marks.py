@@ -158,3 +158,34 @@ def test_packed_marks_are_not_used_where_packets_may_not_be_as_indexed(data, why
         check_batch(last, batch, "packed")
         if why == "damaged":  # this rank met some before its last batch
             assert sum(loader.stats.corrupt.values()) > 0
+
+
+@pytest.mark.parametrize("run", ["packing", "packed"])
+def test_a_resumed_loader_explains_from_its_state_or_a_later_mark(data, run, monkeypatch):
+    """Resumed from a state a few steps in: the steps after it are found from the state or
+    from a mark past it, whichever is later, and equal what the resumed Loader delivers."""
+    import json
+
+    with make(data, run) as first:
+        it = iter(first)
+        for _ in range(EVERY + 1):
+            next(it)
+        state = json.loads(json.dumps(first.state_dict()))
+    with make(data, run) as loader:
+        loader.load_state_dict(state)
+        n, at = len(loader), loader.step
+        _, marks = loader.plan.share(0).count.marks
+        asked = spy_starts(monkeypatch, RUNS[run][0])
+        ahead = {}
+        for step in reversed(range(at, n)):
+            asked.clear()
+            ahead[step] = loader.explain(step)
+            mark = (step // EVERY) * EVERY
+            want = marks[step // EVERY][0] if mark > at else state["pos"]
+            assert min(asked) == want
+        monkeypatch.undo()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for batch in loader:
+                check_batch(ahead[loader.step - 1], batch, RUNS[run][0])
+    assert len(ahead) == n - at > EVERY

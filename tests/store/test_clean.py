@@ -43,3 +43,21 @@ def test_ids_past_the_vocabulary_and_damage_are_not_clean(tmp_path):
     assert not clean.shard_clean(damaged, 0, 1 << 31)
     assert clean.shard_clean(damaged, 1, 1 << 31)
     assert not clean.all_clean(damaged, 1 << 31, keep=tmp_path / "keep")
+
+
+def test_a_shard_changed_after_its_answer_was_kept_is_checked_again(tmp_path):
+    """Stale: an answer kept for a shard is not taken for it once the shard was written again
+    (its identity, modification time included, is in the key)."""
+    import os
+
+    corpus = Corpus(dataset(tmp_path / "d"))
+    keep = tmp_path / "keep"
+    assert clean.all_clean(corpus, 1 << 31, keep=keep)
+    shard = sorted((tmp_path / "d").glob("b*.ndp"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[-5] ^= 0x01  # same size: only the identity's time tells it apart
+    shard.write_bytes(bytes(raw))
+    st = os.stat(shard)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a later write
+    assert not clean.all_clean(Corpus(tmp_path / "d", manifest="ignore"), 1 << 31, keep=keep)
+    assert len(list(keep.glob("clean-*.json"))) == 3  # the changed shard's answer besides

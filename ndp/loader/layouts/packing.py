@@ -108,6 +108,15 @@ def _count_batches(lengths, starts, sizes, lens, budgets, batch_of):  # pragma: 
 
 
 @cpu_kernel
+def _mark(marks, made, k, batch, position):  # pragma: no cover - compiled
+    """Row ``made`` of ``marks``: stream ``k``'s batch ``batch`` opens at ``position``."""
+    marks[made, 0] = k
+    marks[made, 1] = batch
+    marks[made, 2] = position
+    return made + 1
+
+
+@cpu_kernel
 def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets, carry,
                            every, first, marks):  # pragma: no cover - compiled
     made = 0
@@ -121,10 +130,7 @@ def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets, c
             carry[1, k] = 0
             carry[3, k] = 0
             if every > 0:
-                marks[made, 0] = k
-                marks[made, 1] = 0
-                marks[made, 2] = (first + i) // ranks
-                made += 1
+                made = _mark(marks, made, k, 0, (first + i) // ranks)
         p = phase_of(starts, carry[2, k] - 1)  # the open batch's shape
         row_len = lens[p]
         m = min(lengths[i], row_len)
@@ -135,10 +141,7 @@ def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets, c
                 carry[0, k] = 0
                 carry[3, k] = 0
                 if every > 0 and (carry[2, k] - 1) % every == 0:
-                    marks[made, 0] = k
-                    marks[made, 1] = carry[2, k] - 1
-                    marks[made, 2] = (first + i) // ranks
-                    made += 1
+                    made = _mark(marks, made, k, carry[2, k] - 1, (first + i) // ranks)
             carry[0, k] += 1
             carry[3, k] += m
             continue
@@ -153,10 +156,7 @@ def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets, c
             r = 0
             c = 0
             if every > 0 and (carry[2, k] - 1) % every == 0:
-                marks[made, 0] = k
-                marks[made, 1] = carry[2, k] - 1
-                marks[made, 2] = (first + i) // ranks
-                made += 1
+                made = _mark(marks, made, k, carry[2, k] - 1, (first + i) // ranks)
         carry[0, k] = r
         carry[1, k] = c + m
     return made
