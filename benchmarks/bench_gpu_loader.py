@@ -44,6 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cpu import machine  # noqa: E402
+from harness import fresh_counts  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 from bench_gpu import device_info, physical_limits  # noqa: E402
 
@@ -210,11 +211,12 @@ def main(argv: list[str] | None = None) -> int:
                 if args.serial and backend == "cuda":
                     runs.append((f"{name}_{mode}_serial", dict(kw, serial=True)))
         for name, kw in runs:
-            loader, batches = ndp_iter(root, batch=args.batch, seq=args.seq, **kw)
-            row = measure(batches, seconds=args.seconds, tokens_per_batch=per_batch,
-                          device=device, counters=loader.counters)
-            row.update(chunk_batches=loader.chunk_batches, backend=loader.backend)
-            loader.close()
+            with fresh_counts():  # each run counts its epochs, as a training run does
+                loader, batches = ndp_iter(root, batch=args.batch, seq=args.seq, **kw)
+                row = measure(batches, seconds=args.seconds, tokens_per_batch=per_batch,
+                              device=device, counters=loader.counters)
+                row.update(chunk_batches=loader.chunk_batches, backend=loader.backend)
+                loader.close()
             report["results"][name] = row
             _print(name, row)
         row = measure(nanogpt_iter(root, batch=args.batch, seq=args.seq, device=device),

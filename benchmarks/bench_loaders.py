@@ -401,7 +401,10 @@ def child(name: str, root: str, cfg: dict, seconds: float, first_only: bool) -> 
     exe = str(peers.python_for(name)) if name in peers.PIPELINES else sys.executable
     cmd = [exe, __file__, "--run-one", name, "--root", root, "--cfg", json.dumps(cfg),
            "--seconds", str(seconds)] + (["--first-only"] if first_only else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    from harness import fresh_counts
+
+    with fresh_counts():  # ndp's run counts its epochs, as a first run on the data does
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

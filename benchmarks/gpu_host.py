@@ -45,6 +45,7 @@ import null_device  # noqa: E402  (first: it switches Numba's simulator on)
 import numpy as np  # noqa: E402
 
 from bench_cpu import machine  # noqa: E402
+from harness import fresh_counts  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
 #: issue 27's targets for the host side (never asserted by tests)
@@ -81,7 +82,7 @@ def measure(corpus, truth: np.ndarray, *, mode: str, resident: bool, batch: int,
                    align="bos" if "bos" in extra else None)
     if not resident:
         options.update(shuffle_window=2 * shard_bytes, device_budget=8 * shard_bytes)
-    with null_device.null_device(made):
+    with null_device.null_device(made), fresh_counts():  # each epoch counted, as in a run
         loader = ndp.Loader(corpus, **options)
         engine = made[-1]
         engine.truth = truth
@@ -152,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "benchmarks/gpu_host.py", *(argv or sys.argv[1:])]),
         "machine": machine(),
-        "config": {"tokens": args.tokens, "doc_tokens_mean": args.doc_tokens,
+        "config": {"counts": "each run counts its epochs afresh (harness.fresh_counts)",
+                   "tokens": args.tokens, "doc_tokens_mean": args.doc_tokens,
                    "token_width": 2, "shard_mb": args.shard_mb, "batch": args.batch,
                    "seq": args.seq, "seconds": args.seconds, "output": "torch"},
         "targets": TARGETS, "results": [],

@@ -727,3 +727,29 @@ def test_kernel_profile_runs_each_mode_under_ncu_and_writes_its_report(tmp_path)
     launch = packed["launches"][0]
     assert launch["duration_ns"] == 1000 and launch["tokens_per_s"] == 2048 / 1e-6
     assert report["ncu"] == ["Version fake"] and "--chunks 1" in report["command"]
+
+
+def test_each_measured_run_counts_its_epochs_in_a_count_cache_of_its_own(monkeypatch, tmp_path):
+    """``harness.fresh_counts``: a new, empty count cache for the block, so a run of a
+    comparison never finds the epochs a run before it counted (and skips their count pass);
+    the variable and the user's cache are as they were after."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from harness import fresh_counts
+
+    user = tmp_path / "user-counts"
+    user.mkdir()
+    (user / "kept.json").write_text("{}")
+    monkeypatch.setenv("NDP_COUNT_CACHE", str(user))
+    seen = []
+    for _ in range(2):
+        with fresh_counts() as path:
+            assert os.environ["NDP_COUNT_CACHE"] == path != str(user)
+            assert not os.listdir(path)
+            (Path(path) / "epoch.json").write_text("{}")  # what a run leaves
+            seen.append(path)
+    assert seen[0] != seen[1] and not any(Path(p).exists() for p in seen)
+    assert os.environ["NDP_COUNT_CACHE"] == str(user) and (user / "kept.json").exists()
+    monkeypatch.delenv("NDP_COUNT_CACHE")
+    with fresh_counts():
+        pass
+    assert "NDP_COUNT_CACHE" not in os.environ
