@@ -163,3 +163,42 @@ def test_a_lying_index_is_refused_before_an_entry_of_it_is_read_one_by_one(tmp_p
     tables.unclaim(0)
     with pytest.raises(IndexMismatchError, match="repeats or overlaps"):
         tables.table(0)
+
+
+def test_the_compiled_search_is_searchsorteds_for_short_and_long_arrays():
+    """The table build's per-packet search (counted through a short array, binary on a long
+    one) finds what ``np.searchsorted(..., side="right") - 1`` finds, repeats included."""
+    from ndp.loader.ordering.share_entries import _last_at_or_before
+
+    rng = np.random.default_rng(5)
+    for n in [0, 1, 2, 63, 64, 65, 66, 200, 1000]:
+        a = np.sort(rng.integers(0, 3 * n + 2, n)).astype(np.int64)
+        for v in rng.integers(-2, 3 * n + 4, 60).tolist() + a.tolist()[:20]:
+            want = int(np.searchsorted(a, v, side="right")) - 1
+            assert _last_at_or_before(a, np.int64(v)) == want, (n, v)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_window_of_many_shards_has_the_gather_by_packets_entries(tmp_path, shuffle,
+                                                                   monkeypatch):
+    """A window of 80 shards (more than the search counts through), some empty of this rank's
+    packets, on 3 ranks: each table holds, shard and number too, what a gather by packet
+    gives."""
+    monkeypatch.setattr("ndp.loader.ordering.share_entries.BLOCK", 5)
+    at = 0
+    for i in range(80):
+        n = 1 + i % 4
+        write_shards(tmp_path, [encode_tokens(ramp(at + k, 1 + k)) for k in range(n)],
+                     prefix=f"s{i:03d}")
+        at += n
+    corpus = Corpus(tmp_path)
+    total = int(sum(s.size for s in corpus.shards))
+    for rank in range(3):
+        share = order_of(corpus, world_size=3, rank=rank, window=total, shuffle=shuffle)
+        for k in range(len(share.windows)):
+            s0, s1 = share.tables.span(k)
+            out, shard, local = share.tables._build(k)
+            packets = np.asarray(share)[s0:s1]
+            assert out.tobytes() == corpus.entries_at(packets).tobytes()
+            assert (shard == corpus.shard_of(packets)).all()
+            assert (local == packets - corpus.base[shard]).all()

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from ndp.kernels._jit import cpu_kernel
+from ndp.loader.ordering.shuffle import permute_one, side
 from ndp.wire.format import INDEX_ENTRY_DTYPE
 
 #: entries read from a shard's index at once, and share positions whose packets are worked
@@ -154,47 +156,51 @@ class ShareEntries:
         return got[0]
 
     def _build(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Window ``k``'s table: this rank's packets of it worked out a block of share
-        positions at a time (kept as a shard number and an entry number in it: 8 or 12 bytes a
-        packet, held with the table for ``packets``), then each shard's entries read in
-        passing a block at a time and the rank's picked from them."""
+        """Window ``k``'s table: this rank's packets of it, their shards and their numbers in
+        them worked out in one compiled pass (kept with the table for ``packets``: 8 or 12
+        bytes a packet), put in order of shard and block by a compiled counting sort, then each
+        shard's entries read in passing a block at a time and the rank's scattered into the
+        table by a compiled pass (per packet: no Python, no structured-array gather)."""
         o, corpus = self.order, self.corpus
         s0, s1 = self.span(k)
         n = s1 - s0
         out = np.empty(n, INDEX_ENTRY_DTYPE)
         if n == 0:
             return out, np.zeros(0, np.int32), np.zeros(0, np.int32)
-        win, base = o.windows[k], corpus.base
+        win, base = o.windows[k], np.ascontiguousarray(corpus.base, np.int64)
         small = int(np.diff(base).max()) < 1 << 31
         local = np.empty(n, np.int32 if small else np.int64)
         shard = np.empty(n, np.int32)
-        for a in range(0, n, BLOCK):
-            b = min(a + BLOCK, n)
-            places = np.arange(s0 + a, s0 + b, dtype=np.int64) * o.world_size + o.rank
-            packets = win.at(places - int(o._starts[k]))
-            shard[a:b] = ids = corpus.shard_of(packets)
-            local[a:b] = packets - base[ids]
-        first = corpus.shard_of(win.starts)
-        last = corpus.shard_of(np.maximum(win.stops - 1, win.starts))
-        for s in sorted({s for f, l_ in zip(first.tolist(), last.tolist())
-                         for s in range(f, l_ + 1)}):
-            where = np.flatnonzero(shard == s)
-            if not where.shape[0]:
-                continue
-            mine = local[where]
+        starts = np.ascontiguousarray(win.starts, np.int64)
+        ends = np.cumsum(np.ascontiguousarray(win.stops, np.int64) - starts)
+        keys = NO_KEYS if win.keys is None else np.ascontiguousarray(win.keys, np.uint64)
+        if win.shards is not None:  # its ranges are its shards
+            shards, lo, near = np.ascontiguousarray(win.shards, np.int64), 0, base
+        else:  # the shards its ranges lie in, where each packet's is looked for
+            lo = int(corpus.shard_of(starts).min())
+            hi = int(corpus.shard_of(np.maximum(win.stops - 1, starts)).max())
+            shards, near = NO_SHARDS, base[lo: hi + 2]
+        size = win.size
+        _own_packets(np.int64(s0), np.int64(o.world_size), np.int64(o.rank),
+                     np.int64(o._starts[k]), np.uint64(size), np.uint64(side(size)), keys,
+                     starts, ends, shards, near, np.int32(lo), shard, local)
+        first, last = int(shard.min()), int(shard.max())
+        blocks = int(np.diff(base[first: last + 2]).max()) // BLOCK + 1  # per shard, at most
+        order = np.empty(n, np.int64)
+        cuts = np.zeros((last - first + 1) * blocks + 1, np.int64)
+        _by_block(shard, local, np.int64(first), np.int64(blocks), np.int64(BLOCK), order, cuts)
+        table = out.view(np.uint64).reshape(n, 2)
+        for j in np.flatnonzero(np.diff(cuts)).tolist():
+            s, x = first + j // blocks, (j % blocks) * BLOCK
             index = corpus.indexes[s]
             passing = getattr(index, "passing", None)
-            if passing is None:  # an index held whole (a scan's): gather from it
-                out[where] = index.entries[mine]
-                continue
-            block = (mine // BLOCK).astype(np.int32)
-            order = np.argsort(block, kind="stable")  # a radix sort: O(n)
-            cuts = np.concatenate([[0], np.cumsum(np.bincount(block))])
-            for j in np.flatnonzero(np.diff(cuts)).tolist():
-                pick = order[cuts[j]: cuts[j + 1]]
-                x = j * BLOCK
+            if passing is None:  # an index held whole (a scan's): scatter from it
+                got, x = index.entries, 0
+            else:
                 got = passing(slice(x, min(x + BLOCK, len(index))))
-                out[where[pick]] = got[mine[pick] - x]
+            got = np.ascontiguousarray(got, INDEX_ENTRY_DTYPE).view(np.uint64).reshape(-1, 2)
+            _scatter(table, got, order, np.int64(cuts[j]), np.int64(cuts[j + 1]), local,
+                     np.int64(x))
         return out, shard, local
 
     def claim(self, k: int) -> bool:
@@ -232,3 +238,84 @@ class ShareEntries:
         """The windows whose tables are held."""
         with self._lock:
             return list(self._tables)
+
+
+#: no round keys: a window in file order; no shard numbers: a window's ranges are not shards
+NO_KEYS = np.zeros(0, np.uint64)
+NO_SHARDS = np.zeros(0, np.int64)
+
+
+@cpu_kernel
+def _last_at_or_before(sorted_, v):  # pragma: no cover - compiled
+    """The last ``i`` with ``sorted_[i] <= v`` (-1 if none). The positions come in random
+    order, so a short array is counted through (no branch on the data: 0.2 ns a compare
+    against ~15 ns a mispredicted step of a binary search); a long one is searched."""
+    n = sorted_.shape[0]
+    if n <= 64:
+        c = 0
+        for k in range(n):
+            c += sorted_[k] <= v
+        return c - 1
+    lo = -1
+    while n > 0:  # lo: the last known <= v; n: how many after it are unknown
+        half = n >> 1
+        if sorted_[lo + half + 1] <= v:
+            lo += half + 1
+            n -= half + 1
+        else:
+            n = half
+    return lo
+
+
+@cpu_kernel
+def _own_packets(first, W, r, wstart, size, m, keys, starts, ends, shards, base, lo, shard,
+                 local):  # pragma: no cover - compiled
+    """For share positions ``first, first + 1, ..``: the place in the window's order of each
+    (``pos * W + r - wstart``), the file-order index there (``permute_one``, or the place
+    itself without ``keys``), the window range it lies in (``ends``: the ranges' cumulative
+    lengths), its global packet number, then its shard (the range's, from ``shards`` where
+    given, else found in ``base``: the first packet of each shard from shard ``lo`` on) and its
+    number in that shard: ``Window.at_in``, or ``Window.at`` and ``Corpus.shard_of``."""
+    for i in range(shard.shape[0]):
+        flat = (first + i) * W + r - wstart
+        if keys.shape[0]:
+            flat = np.int64(permute_one(np.uint64(flat), size, m, keys))
+        j = _last_at_or_before(ends, flat) + 1  # the first range whose end is past flat
+        packet = starts[j] + flat - (ends[j - 1] if j else 0)
+        if shards.shape[0]:
+            s = shards[j]
+            local[i] = packet - base[s]
+        else:
+            s = _last_at_or_before(base, packet)
+            local[i] = packet - base[s]
+            s += lo
+        shard[i] = s
+    return 0
+
+
+@cpu_kernel
+def _by_block(shard, local, first, blocks, block, order, cuts):  # pragma: no cover - compiled
+    """A stable counting sort of the packets by (shard, block of ``block`` entries in it):
+    ``order`` the packets' positions, bucket ``j``'s in ``order[cuts[j]:cuts[j + 1]]``."""
+    for i in range(shard.shape[0]):
+        cuts[(shard[i] - first) * blocks + local[i] // block + 1] += 1
+    for j in range(1, cuts.shape[0]):
+        cuts[j] += cuts[j - 1]
+    at = cuts[:-1].copy()
+    for i in range(shard.shape[0]):
+        j = (shard[i] - first) * blocks + local[i] // block
+        order[at[j]] = i
+        at[j] += 1
+    return 0
+
+
+@cpu_kernel
+def _scatter(table, got, order, a, b, local, x):  # pragma: no cover - compiled
+    """``table[i] = got[local[i] - x]`` for the packets ``order[a:b]`` (16-byte entries as
+    two uint64 words)."""
+    for t in range(a, b):
+        i = order[t]
+        j = local[i] - x
+        table[i, 0] = got[j, 0]
+        table[i, 1] = got[j, 1]
+    return 0

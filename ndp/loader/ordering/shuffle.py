@@ -58,6 +58,23 @@ def _mix(x):  # pragma: no cover - compiled
 
 
 @cpu_kernel
+def permute_one(place, nn, mm, keys):  # pragma: no cover - compiled
+    """``permute`` of one place (uint64 ``place < nn``, ``mm = side(nn)``): for compiled
+    callers that walk a window's order themselves (``ndp.loader.ordering.share_entries``)."""
+    s32 = np.uint64(32)
+    x = place
+    while True:
+        left = x // mm
+        right = x % mm
+        for k in range(keys.shape[0]):
+            f = left + (((_mix(right ^ keys[k]) >> s32) * mm) >> s32)  # < 2m
+            left, right = right, f - mm if f >= mm else f
+        x = left * mm + right
+        if x < nn:
+            return x
+
+
+@cpu_kernel
 def _feistel(places, n, m, keys, forward, out):  # pragma: no cover - compiled
     mm = np.uint64(m)
     nn = np.uint64(n)
@@ -65,17 +82,15 @@ def _feistel(places, n, m, keys, forward, out):  # pragma: no cover - compiled
     s32 = np.uint64(32)
     for i in range(places.shape[0]):
         x = np.uint64(places[i])
-        while True:
+        if forward:
+            out[i] = np.int64(permute_one(x, nn, mm, keys))
+            continue
+        while True:  # the inverse: the rounds backwards, walking out of range the same way
             left = x // mm
             right = x % mm
-            if forward:
-                for k in range(rounds):
-                    f = left + (((_mix(right ^ keys[k]) >> s32) * mm) >> s32)  # < 2m
-                    left, right = right, f - mm if f >= mm else f
-            else:
-                for k in range(rounds - 1, -1, -1):
-                    f = right + mm - (((_mix(left ^ keys[k]) >> s32) * mm) >> s32)  # in (0, 2m]
-                    left, right = f - mm if f >= mm else f, left
+            for k in range(rounds - 1, -1, -1):
+                f = right + mm - (((_mix(left ^ keys[k]) >> s32) * mm) >> s32)  # in (0, 2m]
+                left, right = f - mm if f >= mm else f, left
             x = left * mm + right
             if x < nn:
                 break
