@@ -132,7 +132,7 @@ def guess_end(plan: Any, share: np.ndarray, st: Started, size: int) -> tuple[int
     if st.ex is not None:
         return None
     B, T = st.shape
-    run = np.cumsum(plan.share_tokens(share, st.pos, st.q))
+    run = plan.stream_run(share, st.pos, st.q)
     if plan.align is not None:  # windows at documents: the search point after the batches
         # (``ndp.loader.layouts.align``)
         q, need = plan.aligned_point(share, st.pos, st.tok, size, B, T)

@@ -30,6 +30,9 @@ class Reach:
     align: str | None
     _blocks_of: Any
     _blocks: dict
+    #: packed: the running token sum ``chunk_end`` last made, ``(share, pos, sum)``, for
+    #: ``stream_run`` (a tuple, replaced whole: a thread that reads it sees one whole)
+    _run_memo: tuple | None = None
 
     def chunk_end(self, share: np.ndarray, pos: int, tok: int, batches: int,
                   shape: tuple[int, int], budget: int = 0) -> int:
@@ -61,6 +64,7 @@ class Reach:
                 # as far again as the tokens so far say is needed, an eighth more
                 mean = max(float(cum[-1]) / cum.shape[0], 1.0) if cum.shape[0] else 1.0
                 ahead = max(2 * ahead, int((need / mean) * 1.125) + 64)
+            self._run_memo = (share, pos, cum)
             return min(pos + int(np.searchsorted(cum, need)) + 1, n)
         cap = max(64, 8 * B * batches)  # packing: a batch takes its candidates when all are
         while True:  # valid (``chain_end``, compiled), read as far ahead as they need
@@ -121,6 +125,17 @@ class Reach:
             if pos + cap >= n or (ends.shape[0] == batches and ends[-1] < window.shape[0]):
                 return pos + int(ends[-1]) if ends.shape[0] else pos
             cap *= 2
+
+    def stream_run(self, share: np.ndarray, a: int, b: int) -> np.ndarray:
+        """``np.cumsum(share_tokens(share, a, b))``: the stream position after each packet of
+        ``share[a:b]`` from ``a``'s start; a slice of the sum ``chunk_end`` made for the chunk
+        from ``a`` where it covers it (the producer's guess of the next chunk's start, right
+        after it planned this one, asks for that same sum)."""
+        memo = self._run_memo
+        b = min(b, share.shape[0])
+        if memo is not None and memo[0] is share and memo[1] == a and memo[2].shape[0] >= b - a:
+            return memo[2][:max(b - a, 0)]
+        return np.cumsum(self.share_tokens(share, a, b))
 
     def share_tokens(self, share: np.ndarray, a: int, b: int) -> np.ndarray:
         """The index token counts of ``share[a:b]``, gathered ``TOKEN_BLOCK`` positions at a
