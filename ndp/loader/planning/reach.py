@@ -49,6 +49,10 @@ class Reach:
         if self.mode == "packed":
             need = tok + batches * B * T + 1
             ahead = 64  # a bounded look-ahead: never a cumulative sum over the rest of the epoch
+            memo = self._run_memo  # the last chunk's tokens a packet make the first guess
+            if memo is not None and memo[0] is share and memo[2].shape[0]:
+                mean = max(float(memo[2][-1]) / memo[2].shape[0], 1.0)
+                ahead = max(ahead, int((need / mean) * 1.125) + 64)
             # past the share's own packets (its repeat, for a rank short of tokens) only if
             # they do not hold enough: the repeat's first window is not read for nothing
             edge = min(getattr(share, "length", n), n)
