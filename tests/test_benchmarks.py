@@ -635,6 +635,7 @@ def test_gpu_host_quick_run_counts_every_device_call_per_chunk(tmp_path):
         chunks = r["counters_per_batch"]["chunks"] * r["batches"]
         per_chunk = {k: v * r["batches"] / chunks for k, v in r["device_calls_per_batch"].items()}
         assert r["host_us_per_batch"] > 0 and r["cpu_us_per_batch"] > 0 and chunks >= 4
+        assert 0 < r["within_epoch_us_per_batch"] and r["epochs"] >= 1
         assert per_chunk["event_create"] == 0 and r["counters_per_batch"]["events_created"] == 0
         assert per_chunk["stream_synchronize"] == 0
         assert per_chunk["launch"] <= 2.1  # (+1 for a chunk the close cut short, or a retry)
