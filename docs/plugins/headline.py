@@ -89,24 +89,31 @@ def _gpu_row(r: Result, loader: bool, page: str | None) -> list[str]:
 
 
 def _gpu_host_row(r: Result, before: Result | None, page: str | None) -> list[str]:
-    """The GPU Loader's host side on the null device (``gpu_host.py``), resident shards."""
-    def per_mode(result: Result) -> dict:
-        return {d.get("mode"): d for d in result.report["results"]
-                if isinstance(d, dict) and d.get("source") == "resident"}
+    """The GPU Loader's host side on the null device (``gpu_host.py``), resident shards: each
+    mode's median over the file's runs (``--repeat``)."""
+    def per_mode(result: Result, key: str) -> dict:
+        runs: dict = {}
+        for d in result.report["results"]:
+            if isinstance(d, dict) and d.get("source") == "resident" and results.is_number(
+                    d.get(key)):
+                runs.setdefault(d.get("mode"), []).append(d[key])
+        return {m: sorted(v)[len(v) // 2] for m, v in runs.items()}
 
     c = r.report.get("config") or {}
-    rows = per_mode(r)
-    ours = "; ".join(f"{m}: {fmt(d.get('host_us_per_batch'), digits=0)} us a batch "
-                     f"({fmt(d.get('ceiling_tokens_per_s'), 1e9, 2)} G tokens/s), "
-                     f"{fmt(d.get('cpu_s_per_billion_tokens'), digits=2)} CPU-s per 1e9 tokens"
-                     for m, d in rows.items())
+    host, cpu = per_mode(r, "host_us_per_batch"), per_mode(r, "cpu_s_per_billion_tokens")
+    within = per_mode(r, "within_epoch_us_per_batch")
+    tokens = (c.get("batch") or 0) * (c.get("seq") or 0)
+    ours = "; ".join(
+        f"{m}: {fmt(us, digits=0)} us a batch ({fmt(tokens / us * 1e6, 1e9, 2)} G tokens/s)"
+        + (f", {fmt(within[m], digits=0)} us within epochs" if m in within else "")
+        + f", {fmt(cpu.get(m), digits=2)} CPU-s per 1e9 tokens"
+        for m, us in host.items())
     then = ""
     if before is not None:
-        then = "the same before this round of host fixes: " + "; ".join(
-            f"{m}: {fmt(d.get('host_us_per_batch'), digits=0)} us"
-            for m, d in per_mode(before).items())
+        then = "the same command on the code before: " + "; ".join(
+            f"{m}: {fmt(us, digits=0)} us" for m, us in per_mode(before, "host_us_per_batch").items())
     return [f"GPU Loader's host side, device calls counted not made (`benchmarks/gpu_host.py`), "
-            f"resident shards, {c.get('batch', '?')} x {c.get('seq', '?')}", ours, then,
+            f"resident shards, {c.get('batch', '?')} x {c.get('seq', '?')}, medians", ours, then,
             link(r.name, page)]
 
 

@@ -104,9 +104,11 @@ def _gpu_host(r: Result) -> str:
     calls = ["launch", "memcpy_h2d", "memcpy_d2h", "event_create", "event_record",
              "stream_wait_event", "event_synchronize"]
     return head + table(
-        ["mode", "shards", "host us", "host G tokens/s", "CPU us", "consumer CPU us",
-         "CPU s / 1e9 tokens"] + calls,
+        ["mode", "shards", "host us", "within epochs us", "host G tokens/s", "CPU us",
+         "consumer CPU us", "CPU s / 1e9 tokens"] + calls,
         [[d.get("mode", "?"), d.get("source", "?"), fmt(d.get("host_us_per_batch"), digits=1),
+          fmt(d.get("within_epoch_us_per_batch"), digits=1) if "within_epoch_us_per_batch" in d
+          else "n/a",
           fmt(d.get("ceiling_tokens_per_s"), 1e9, 2), fmt(d.get("cpu_us_per_batch"), digits=1),
           fmt(d.get("consumer_cpu_us_per_batch"), digits=1),
           fmt(d.get("cpu_s_per_billion_tokens"), digits=2)]
