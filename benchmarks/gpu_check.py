@@ -54,13 +54,14 @@ from results_dir import add_out_argument
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 DEVICE_TESTS = ["tests/kernels/test_cuda_kernels.py", "tests/engine/test_gpu_decode.py",
-                "tests/loader/test_chunks.py", "tests/engine/test_counters.py",
-                "tests/adapters/test_torch.py", "tests/loader/test_serve.py",
+                "tests/loader/pipeline/test_chunks.py", "tests/engine/test_counters.py",
+                "tests/adapters/test_torch.py", "tests/loader/pipeline/test_serve.py",
                 "tests/engine/test_verdict_lanes.py", "tests/loader/test_golden.py",
-                "tests/loader/test_ahead.py"]
+                "tests/loader/pipeline/test_ahead.py"]
 #: the schedules' tests whose CUDA runs go to the device (``-k cuda``: their CPU runs are CI's)
-SCHEDULE_TESTS = ["tests/loader/test_schedule.py", "tests/loader/test_batch_tokens.py",
-                  "tests/loader/test_mix_schedule.py"]
+SCHEDULE_TESTS = ["tests/loader/planning/test_schedule.py",
+                  "tests/loader/planning/test_batch_tokens.py",
+                  "tests/loader/ordering/test_mix_schedule.py"]
 
 
 def cuda_tool(name: str, *also: str) -> str | None:

@@ -108,6 +108,14 @@ def test_tests_mirror_the_package():
     loose = {p.name for p in (ROOT / "tests").glob("test_*.py")}
     assert loose == {"test_benchmarks.py", "test_docs.py", "test_layout.py", "test_notebooks.py",
                      "test_packaging.py", "test_readme.py"}
+    # a layer with folders of its own: its tests in folders of the same names
+    for layer in LAYERS:
+        stages = {p.name for p in (ROOT / "ndp" / layer).iterdir() if (p / "__init__.py").exists()}
+        if stages:
+            tests = {p.name for p in (ROOT / "tests" / layer).iterdir()
+                     if p.is_dir() and not p.name.startswith((".", "__"))}
+            assert tests == stages, (f"tests/{layer}/ holds {sorted(tests)}, "
+                                     f"ndp/{layer}/ {sorted(stages)}")
 
 
 def test_every_package_folder_is_installed():

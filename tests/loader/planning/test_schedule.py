@@ -353,7 +353,7 @@ def test_the_schedules_guide_runs_as_written(tmp_path, monkeypatch):
 
     from ndp_test_helpers import markdown_blocks, run_markdown
 
-    page = Path(__file__).resolve().parents[2] / "docs" / "guides" / "schedules.md"
+    page = Path(__file__).resolve().parents[3] / "docs" / "guides" / "schedules.md"
     monkeypatch.chdir(tmp_path)
     blocks = markdown_blocks(page.read_text(encoding="utf-8"))
     assert len(blocks) >= 5

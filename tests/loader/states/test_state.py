@@ -1,7 +1,7 @@
 """Resume states are checked field by field (ndp.loader.states.state): a damaged state, one from another
 dataset or configuration, or positions outside its epoch are refused with a LoaderStateError that
 names the field; a sound one resumes exactly (tests/loader/test_loader.py,
-tests/loader/test_chunks.py)."""
+tests/loader/pipeline/test_chunks.py)."""
 
 from __future__ import annotations
 

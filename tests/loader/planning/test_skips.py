@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import golden  # noqa: E402
 

@@ -6,14 +6,11 @@ exactly as attention run document by document (torch's SDPA on a tiny attention 
 
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import golden  # noqa: E402
 from test_explain import make  # noqa: E402

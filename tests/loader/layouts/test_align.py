@@ -11,14 +11,11 @@ those, on both backends, count the tokens it passes over, agree with ``len()`` a
 from __future__ import annotations
 
 import json
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import golden  # noqa: E402
 from test_documents import batches, segments  # noqa: E402

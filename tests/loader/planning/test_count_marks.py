@@ -10,14 +10,11 @@ before the step instead, and still equals the Loader."""
 
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import golden  # noqa: E402
 from test_explain import check_batch  # noqa: E402
