@@ -40,6 +40,7 @@ import numpy as np
 from ndp.loader.layouts.align import aligned_windows
 from ndp.loader.layouts.documents import document_starts
 from ndp.loader.layouts.packing_chunk import packing_chunk
+from ndp.kernels._jit import cpu_kernel
 from ndp.kernels.verdict import count, status_of, tokens_of
 from ndp.wire.format import DropReason
 
@@ -156,13 +157,15 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
     The build plan is ``rows``, ``cum`` (stream position of each row, and the total),
     ``start`` and ``windows`` (and aligned, ``wins``: each window's start)."""
     per_batch = batch_size * seq_len
-    counted_from = min(counted_from, verdicts.shape[0])
-    tokens = tokens_of(verdicts)
-    run = np.cumsum(tokens)  # stream position after each packet
-    starts = run - tokens  # stream position of each packet's first token
-    total = int(run[-1]) if run.shape[0] else 0
-    rows = np.flatnonzero(verdicts >= 0).astype(np.int64)
-    cum = np.concatenate([[0], np.cumsum(tokens[rows])]).astype(np.int64)
+    n = verdicts.shape[0]
+    counted_from = min(counted_from, n)
+    verdicts = np.ascontiguousarray(verdicts)
+    run = np.empty(n, np.int64)  # stream position after each packet
+    rows = np.empty(n, np.int64)  # the valid packets
+    cum = np.empty(n + 1, np.int64)  # stream position of each valid packet, and the total
+    k = int(_stream(verdicts, run, rows, cum))
+    rows, cum = rows[:k], cum[:k + 1]
+    total = int(run[-1]) if n else 0
     wins = left = docs = None
     if not aligned:
         nb = max(0, min(max_batches, (total - tok - 1) // per_batch))
@@ -173,14 +176,14 @@ def packed_layout(verdicts: np.ndarray, *, batch_size: int, seq_len: int, pos: i
                                            batch_size=batch_size, seq_len=seq_len,
                                            most=max(max_batches, 0))
         nb = ends.shape[0]
-    # the packets each batch reaches: those starting before one past the last token it reads
-    reached = np.maximum.accumulate(np.maximum(
-        np.searchsorted(starts, ends + 1, side="left"), counted_from))
+    # per batch: the packets it reaches (those starting before one past the last token it
+    # reads), those wholly before the next batch, and where the last of these ends
+    ends = np.ascontiguousarray(ends, np.int64)
+    reached, skips, before = (np.empty(nb, np.int64) for _ in range(3))
+    _reach(verdicts, run, ends, np.int64(counted_from), reached, skips, before)
     if units is not None:  # to the end of the place (document) reached
         reached = units[np.searchsorted(units, reached, side="left")]
     bounds = np.concatenate([[counted_from], reached]).astype(np.int64)
-    skips = np.searchsorted(run, ends, side="right")  # packets wholly before the next batch
-    before = np.where(skips > 0, run[np.maximum(skips - 1, 0)], 0) if nb else skips
     counts = count_rows(verdicts, bounds)
     counts[:, TOKENS] = per_batch
     build = {"rows": rows, "cum": cum, "start": tok, "windows": nb * batch_size}
@@ -235,3 +238,55 @@ def packing_layout(verdicts: np.ndarray, toks: np.ndarray, *, batch_size: int, r
                    | {"cu_seqlens": got["cu_at"]},
                    pos + edges[1:], np.zeros(nb, np.int64), counts, edges, pos, build=build,
                    packets_used=int(edges[-1]))
+
+
+@cpu_kernel
+def _stream(verdicts, run, rows, cum):  # pragma: no cover - compiled
+    """A packed chunk's stream: ``run`` the position after each packet (a dropped one adds no
+    token), ``rows`` the valid packets and ``cum`` their positions, then the total; returns
+    how many are valid. ``np.cumsum`` of ``tokens_of(verdicts)``, ``np.flatnonzero`` and
+    ``np.cumsum`` again, in one pass."""
+    s = 0
+    k = 0
+    cum[0] = 0
+    for i in range(verdicts.shape[0]):
+        v = verdicts[i]
+        if v >= 0:
+            s += v
+            rows[k] = i
+            k += 1
+            cum[k] = s
+        run[i] = s
+    return k
+
+
+@cpu_kernel
+def _reach(verdicts, run, ends, counted_from, reached, skips, before):  # pragma: no cover
+    """For each batch ending where the next starts, ``ends[b]`` (stream positions): the
+    packets it reaches, ``reached[b]`` (those starting at or before ``ends[b]``: numpy's
+    ``searchsorted(starts, ends + 1, "left")``, at least ``counted_from`` and never fewer than
+    the batch before's), ``skips[b]`` the packets wholly before ``ends[b]``
+    (``searchsorted(run, ends, "right")``) and ``before[b]`` where the last of these ends."""
+    n = run.shape[0]
+    most = counted_from
+    for b in range(ends.shape[0]):
+        e = ends[b]
+        lo, hi = 0, n  # the first packet that starts past e (its start: run less its tokens)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if run[mid] - max(verdicts[mid], 0) < e + 1:
+                lo = mid + 1
+            else:
+                hi = mid
+        most = max(most, lo)
+        reached[b] = most
+        lo, hi = 0, n  # the first packet that ends past e
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if run[mid] <= e:
+                lo = mid + 1
+            else:
+                hi = mid
+        skips[b] = lo
+        before[b] = run[lo - 1] if lo > 0 else 0
+    return 0
