@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ndp.kernels._jit import cpu_kernel
 from ndp.wire.format import (
     FRAME_BYTES,
     INDEX_ENTRY_DTYPE,
@@ -29,20 +30,31 @@ FIELDS = {"offset": np.int64, "frame_bytes": np.int64, "tokens": np.int64, "src"
 
 def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
     """Token count of each packet with payload ``length`` and TYP ``typ``, as a valid packet of
-    that layout holds (0 for TYPs that carry no tokens)."""
-    if typ.shape[0] and int(typ.min()) == int(typ.max()) and not TYP_MASKED_TABLE[typ[0]]:
-        width = int(TYP_WIDTH_TABLE[typ[0]])  # one unmasked layout (a shard's usual case)
-        return length.astype(np.int64) // width if width else np.zeros(length.shape[0], np.int64)
-    length = length.astype(np.int64)
-    width = TYP_WIDTH_TABLE[typ].astype(np.int64)
-    masked = TYP_MASKED_TABLE[typ] != 0
-    plain = np.where(width > 0, length // np.maximum(width, 1), 0)
-    # masked: LEN = 2 + N*w + ceil(N/8); N is the floor below or the one after it
-    body = np.maximum(length - MASK_COUNT_BYTES, 0)
-    n0 = (8 * body) // np.maximum(8 * width + 1, 1)
-    fits = MASK_COUNT_BYTES + (n0 + 1) * width + (n0 + 8) // 8 <= length
-    n_masked = n0 + fits
-    return np.where(masked, n_masked, plain)
+    that layout holds (0 for TYPs that carry no tokens): ``length // width``, or for a masked
+    layout (``LEN = 2 + N*w + ceil(N/8)``) the N that fits. One compiled pass (int64)."""
+    out = np.empty(length.shape[0], np.int64)
+    if out.shape[0]:
+        _tokens(length, typ, _WIDTH, _MASKED, np.int64(MASK_COUNT_BYTES), out)
+    return out
+
+
+_WIDTH = np.ascontiguousarray(TYP_WIDTH_TABLE, np.int64)
+_MASKED = np.ascontiguousarray(TYP_MASKED_TABLE != 0)
+
+
+@cpu_kernel
+def _tokens(length, typ, width, masked, head, out):  # pragma: no cover - compiled
+    for i in range(length.shape[0]):
+        n = np.int64(length[i])
+        t = typ[i]
+        w = width[t]
+        if masked[t]:  # N is the floor below or the one after it
+            body = max(n - head, 0)
+            n0 = (8 * body) // (8 * w + 1)
+            out[i] = n0 + (1 if head + (n0 + 1) * w + (n0 + 8) // 8 <= n else 0)
+        else:
+            out[i] = n // w if w > 0 else 0
+    return 0
 
 
 class Column:

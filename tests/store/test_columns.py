@@ -1,0 +1,49 @@
+"""``ndp.store.columns.tokens_of`` (compiled) gives, for every TYP and payload length, the
+token count the wire format's layouts define: the numpy formula it replaced, on index fields
+as they come (uint16 lengths and uint8 TYPs read through a structured array's strides)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ndp.store.columns import tokens_of
+from ndp.wire.format import (
+    INDEX_ENTRY_DTYPE,
+    MASK_COUNT_BYTES,
+    TYP_MASKED_TABLE,
+    TYP_WIDTH_TABLE,
+    token_payload_len,
+)
+
+
+def numpy_tokens(length, typ):
+    length = length.astype(np.int64)
+    width = TYP_WIDTH_TABLE[typ].astype(np.int64)
+    masked = TYP_MASKED_TABLE[typ] != 0
+    plain = np.where(width > 0, length // np.maximum(width, 1), 0)
+    body = np.maximum(length - MASK_COUNT_BYTES, 0)
+    n0 = (8 * body) // np.maximum(8 * width + 1, 1)
+    fits = MASK_COUNT_BYTES + (n0 + 1) * width + (n0 + 8) // 8 <= length
+    return np.where(masked, n0 + fits, plain)
+
+
+def test_every_typ_and_length_counts_as_the_formula_says():
+    lengths = np.concatenate([np.arange(0, 3000), [65533, 65534, 65535]])
+    entries = np.zeros(lengths.shape[0] * 256, INDEX_ENTRY_DTYPE)
+    entries["length"] = np.tile(lengths, 256)
+    entries["typ"] = np.repeat(np.arange(256), lengths.shape[0])
+    got = tokens_of(entries["length"], entries["typ"])  # strided views, as callers pass them
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, numpy_tokens(entries["length"], entries["typ"]))
+    one = entries[entries["typ"] == entries["typ"][lengths.shape[0] * 3]]  # one TYP only
+    np.testing.assert_array_equal(tokens_of(one["length"], one["typ"]),
+                                  numpy_tokens(one["length"], one["typ"]))
+    assert tokens_of(np.zeros(0, np.uint16), np.zeros(0, np.uint8)).shape == (0,)
+
+
+def test_a_masked_payload_holds_the_tokens_it_was_made_for():
+    for typ in np.flatnonzero(TYP_MASKED_TABLE).tolist():
+        width = int(TYP_WIDTH_TABLE[typ])
+        n = np.arange(0, 2000)
+        length = np.array([token_payload_len(k, width=width, masked=True) for k in n.tolist()])
+        np.testing.assert_array_equal(tokens_of(length, np.full(n.shape[0], typ, np.uint8)), n)
