@@ -188,7 +188,7 @@ class ShareEntries:
                      starts, ends, shards, near, np.int32(lo), shard, local)
         first, last = int(shard.min()), int(shard.max())
         blocks = int(np.diff(base[first: last + 2]).max()) // BLOCK + 1  # per shard, at most
-        order = np.empty(n, np.int64)
+        order = np.empty(n, np.int32 if n < 1 << 31 else np.int64)  # 4 bytes a packet, briefly
         cuts = np.zeros((last - first + 1) * blocks + 1, np.int64)
         _by_block(shard, local, np.int64(first), np.int64(blocks), np.int64(BLOCK), order, cuts)
         table = out.view(np.uint64).reshape(n, 2)
