@@ -198,7 +198,7 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
 
     def greedy(toks: np.ndarray, a: int, b: int) -> None:
         """The window's places ``[a, b)`` (of tokens ``toks``) laid out by rank, in order:
-        packing's greedy count, packed windows at documents, or packed marks."""
+        packing's greedy count, or packed windows at documents."""
         off = (at + a) % W  # element i of the laid-out block is rank i % W's
         lengths = np.zeros(off + b - a, np.int64)
         lengths[off:] = toks
@@ -207,10 +207,6 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
         if mode == "packed" and align is not None:
             aligned.count_aligned_by_rank(lengths, take, W, shapes, at_docs)
             bound(int(aligned.batches(at_docs).min()))
-            return
-        if mode == "packed":  # each rank's stream, and where it reaches each marked batch
-            marks.packed(lengths, take, per_batch=per_batch, first=at + a - off)
-            bound(shapes.packed_batches(int(marks.sums.min())))
             return
         marks.add(count_batches_by_rank(lengths, take, W, shapes, carry, every=marks.every,
                                         first=at + a - off))
@@ -228,6 +224,7 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
         column = (window_tokens(corpus, win, documents=mode == "packed") if ordered
                   else None)
         count.peak = max(count.peak, 0 if column is None else size)
+        most = int(column.max()) if column is not None and column.shape[0] else 0
         for a in range(first, size, block):
             if stop is not None and stop():
                 raise Stopped("counting an epoch's batches stopped")
@@ -236,6 +233,12 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
             if ordered:  # in the order's places: the greedy count follows the order
                 if at + a >= limit:
                     break
+                if marked and mode == "packed":  # each rank's stream, where it reaches each
+                    # marked batch: one compiled pass, the walk of the order included
+                    marks.packed(column, win, a, b, at=at, limit=limit, per_batch=per_batch,
+                                 most_tokens=most)
+                    bound(shapes.packed_batches(int(marks.sums.min())))
+                    continue
                 greedy(column[win.flat(np.arange(a, b, dtype=np.int64))], a, b)
                 continue
             # in file order: the index read in order (packed: each place's document)

@@ -20,9 +20,15 @@ place at share position ``position``, which is what a state after the batch befo
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ndp.kernels._jit import cpu_kernel
+from ndp.loader.ordering.shuffle import permute_one, side
+
+#: no round keys: a window in file order
+NO_KEYS = np.zeros(0, np.uint64)
 
 #: the pass marks where every this many batches start in each rank's share (packing: more
 #: apart for shares so long that marks would be more than ``MOST_MARKS`` a rank; packed:
@@ -48,20 +54,28 @@ def mark_every(length: int, *, per_batch: int | None = None) -> int:
 
 
 @cpu_kernel
-def _packed_marks(lengths, take, ranks, sums, made, per_batch, every, first,
+def _packed_marks(column, a, b, at, limit, size, m, keys, ranks, sums, made, per_batch, every,
                   out):  # pragma: no cover - compiled
+    """Window places ``a..b-1`` (epoch places ``at + p``, rank ``(at + p) % ranks``'s, up to
+    ``limit``): each place's tokens, ``column`` at its file-order index (``permute_one``; the
+    place itself without ``keys``), added to its rank's stream ``sums``, and a mark noted in
+    ``out`` wherever a rank's stream passes its next marked batch's first token."""
     k_out = 0
-    for i in range(lengths.shape[0]):
-        if not take[i]:
-            continue
-        k = i % ranks
+    for p in range(a, b):
+        place = at + p
+        if place >= limit:  # cut from every rank (and so is each place after it)
+            break
+        flat = p
+        if keys.shape[0]:
+            flat = np.int64(permute_one(np.uint64(p), size, m, keys))
+        k = place % ranks
         s = sums[k]
-        end = s + lengths[i]
+        end = s + np.int64(column[flat])
         # the next marked batch starts at token ``made[k] * every * per_batch`` of the stream
         while made[k] * every * per_batch < end:
             out[k_out, 0] = k
             out[k_out, 1] = made[k] * every
-            out[k_out, 2] = (first + i) // ranks
+            out[k_out, 2] = place // ranks
             out[k_out, 3] = made[k] * every * per_batch - s
             if made[k] == 0:  # the epoch's first batch: at its start, as a state says
                 out[k_out, 2] = 0
@@ -90,18 +104,23 @@ class Marks:
             if b == len(self.at[k]) * self.every:
                 self.at[k].append([p, row[3] if len(row) > 3 else 0])
 
-    def packed(self, lengths: np.ndarray, take: np.ndarray, *, per_batch: int,
-               first: int) -> None:
-        """The marks of the packed stream of a laid-out piece (element ``i`` of ``lengths``,
-        the tokens of epoch place ``first + i``, is rank ``i % ranks``'s where ``take[i]``)."""
+    def packed(self, column: np.ndarray, win: Any, a: int, b: int, *, at: int, limit: int,
+               per_batch: int, most_tokens: int) -> None:
+        """The marks of the packed stream over places ``[a, b)`` of window ``win`` (whose
+        first place is epoch place ``at``; places from ``limit`` on are cut), the places'
+        tokens read from ``column`` (the window's, in file order) through the window's order:
+        one compiled pass, the walk of the order included. ``most_tokens``: at most that many
+        tokens a place (the size of the marks' buffer)."""
         ranks = self.sums.shape[0]
         # a mark per ``every * per_batch`` tokens of each rank's stream, one more per rank
-        most = int(np.asarray(lengths, np.int64).sum()) // (self.every * per_batch) + ranks
+        most = most_tokens * max(b - a, 0) // (self.every * per_batch) + ranks
         out = np.empty((most, 4), np.int64)
-        got = _packed_marks(np.ascontiguousarray(lengths, np.int64),
-                            np.ascontiguousarray(take, np.bool_), np.int64(ranks), self.sums,
-                            self.made, np.int64(per_batch), np.int64(self.every),
-                            np.int64(first), out)
+        keys = NO_KEYS if win.keys is None else np.ascontiguousarray(win.keys, np.uint64)
+        size = win.size
+        got = _packed_marks(np.ascontiguousarray(column), np.int64(a), np.int64(b),
+                            np.int64(at), np.int64(limit), np.uint64(size),
+                            np.uint64(side(size)), keys, np.int64(ranks), self.sums,
+                            self.made, np.int64(per_batch), np.int64(self.every), out)
         self.add(out[:got])
 
     def as_dict(self) -> dict:
