@@ -49,29 +49,11 @@ import null_device  # noqa: E402  (first: it switches Numba's simulator on)
 import numpy as np  # noqa: E402
 
 from bench_cpu import machine  # noqa: E402
-from harness import fresh_counts  # noqa: E402
+from harness import fresh_counts, write_dataset  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
 #: issue 27's targets for the host side (never asserted by tests)
 TARGETS = {"host_us_per_batch": 10.0, "cpu_s_per_billion_tokens": 1.0}
-
-
-def write_dataset(root: Path, *, tokens: int, doc_tokens: int, shard_mb: int, seed: int = 0
-                  ) -> Path:
-    """Documents of uniform random length (mean ``doc_tokens``) of ramp-like uint16 ids."""
-    from ndp.store.writer import ShardWriter
-    from ndp.wire.packet import encode_tokens
-
-    rng = np.random.default_rng(seed)
-    ids = (np.arange(2 * doc_tokens, dtype=np.int64) * 7919) % 50_000
-    out = root / "data"
-    done = 0
-    with ShardWriter(out, max_shard_bytes=shard_mb << 20) as writer:
-        while done < tokens:
-            n = int(rng.integers(1, 2 * doc_tokens))
-            writer.write(encode_tokens(np.roll(ids, done % 977)[:n], width=2))
-            done += n
-    return out
 
 
 def measure(corpus, truth: np.ndarray, *, mode: str, resident: bool, batch: int, seq: int,

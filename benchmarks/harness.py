@@ -1,4 +1,7 @@
-"""What the benchmarks here share about running a measured Loader (standard library only).
+"""What the benchmarks here share about running a measured Loader (standard library at import;
+NumPy and ndp inside the functions that need them).
+
+``write_dataset()``: the synthetic corpus of ``gpu_host.py`` and ``first_batch.py``.
 
 ``fresh_counts()``: a measured run counts its epochs as a training run does, once each, into a
 new empty count cache. Without it, the runs of one invocation share the user's count cache
@@ -15,6 +18,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -32,3 +36,24 @@ def fresh_counts() -> Iterator[str]:
         else:
             os.environ["NDP_COUNT_CACHE"] = saved
         shutil.rmtree(path, ignore_errors=True)
+
+
+def write_dataset(root: Path, *, tokens: int, doc_tokens: int, shard_mb: int, seed: int = 0
+                  ) -> Path:
+    """Documents of uniform random length (mean ``doc_tokens``: 1 to ``2 * doc_tokens - 1``
+    tokens) of ramp-like uint16 ids, about ``tokens`` in all, in shards of ``shard_mb`` MiB."""
+    import numpy as np
+
+    from ndp.store.writer import ShardWriter
+    from ndp.wire.packet import encode_tokens
+
+    rng = np.random.default_rng(seed)
+    ids = (np.arange(2 * doc_tokens, dtype=np.int64) * 7919) % 50_000
+    out = root / "data"
+    done = 0
+    with ShardWriter(out, max_shard_bytes=shard_mb << 20) as writer:
+        while done < tokens:
+            n = int(rng.integers(1, 2 * doc_tokens))
+            writer.write(encode_tokens(np.roll(ids, done % 977)[:n], width=2))
+            done += n
+    return out

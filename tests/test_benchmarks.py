@@ -754,3 +754,21 @@ def test_each_measured_run_counts_its_epochs_in_a_count_cache_of_its_own(monkeyp
     with fresh_counts():
         pass
     assert "NDP_COUNT_CACHE" not in os.environ
+
+
+def test_first_batch_benchmark_smoke_run_splits_numbas_setup_from_the_loaders_part(tmp_path):
+    """``first_batch.py``: fresh processes per mode, as a script meets the Loader and with
+    Numba's CPU target set up first; the Loader's own part is the smaller, and both are
+    recorded run by run."""
+    proc = subprocess.run([sys.executable, str(BENCH / "first_batch.py"), "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (result,) = tmp_path.glob("first-batch-*.json")
+    report = json.loads(result.read_text())
+    assert set(report["results"]) == {"padded", "packed", "packing"}
+    for row in report["results"].values():
+        cold, ready = row["cold"], row["numba_ready"]
+        assert len(cold["runs"]) == len(ready["runs"]) == report["config"]["repeat"]
+        assert cold["numba_setup_s"] < ready["numba_setup_s"] == row["numba_setup_s"]
+        for r in (cold, ready):
+            assert r["to_first_batch_s"] == pytest.approx(r["loader_s"] + r["first_next_s"])

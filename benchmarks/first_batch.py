@@ -1,0 +1,133 @@
+"""What the first batch waits for in a fresh process (issue 37, item 4): ``ndp.Loader(...)`` to
+its first ``next()``, each mode, with ndp and torch imported and the dataset in the page cache.
+
+Each run is a new process that imports ndp and torch, then times ``Loader(...)`` and the first
+``next()`` (CPU backend, torch output, batches of ``--batch`` x ``--seq``). A run is made twice:
+
+* ``cold``: as a script meets it: the first compiled function the Loader calls also sets up
+  Numba's CPU target in this process (its typing and lowering registries: a fixed cost, the
+  same for any dataset and any compiled function);
+* ``numba_ready``: the same, after one compiled call of ndp's (``tokens_of`` on one entry) has
+  set Numba up: the Loader's own part, its cached kernels' loads included.
+
+The difference is Numba's set-up; what is left grows with nothing the dataset holds (the index
+is read lazily, the first window's table is not waited for). Medians of ``--repeat`` runs.
+JSON ``first-batch-<time>.json`` into ``--out``.
+
+    python benchmarks/first_batch.py --out benchmarks/results    # 1e6 documents, ~1 minute
+    python benchmarks/first_batch.py --quick                       # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results_dir import add_out_argument  # noqa: E402
+
+MODES = ("padded", "packed", "packing")
+
+
+def child(data: str, mode: str, ready: bool, batch: int, seq: int) -> None:
+    """One fresh process's run: prints its timings as a JSON line."""
+    import numpy as np
+    import torch  # noqa: F401  (imported, as in a training script)
+
+    import ndp
+
+    t = time.perf_counter()
+    if ready:
+        from ndp.store.columns import tokens_of
+
+        tokens_of(np.zeros(1, np.uint16), np.zeros(1, np.uint8))
+    t0 = time.perf_counter()
+    loader = ndp.Loader(data, mode=mode, batch_size=batch, seq_len=seq, seed=0, backend="cpu",
+                        output="torch")
+    t1 = time.perf_counter()
+    next(iter(loader))
+    t2 = time.perf_counter()
+    loader.close()
+    print(json.dumps({"numba_setup_s": t0 - t, "loader_s": t1 - t0, "first_next_s": t2 - t1,
+                      "to_first_batch_s": t2 - t0}))
+
+
+def write_data(root: Path, documents: int, doc_tokens: int) -> Path:
+    """``documents`` documents of 1 to ``2 * doc_tokens - 1`` tokens (``gpu_host``'s data)."""
+    from harness import write_dataset
+
+    return write_dataset(root, tokens=documents * doc_tokens, doc_tokens=doc_tokens, shard_mb=64)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--documents", type=int, default=1_000_000)
+    ap.add_argument("--doc-tokens", type=int, default=20, help="mean document length")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="small data, one run: a smoke run")
+    ap.add_argument("--child", nargs=3, metavar=("DATA", "MODE", "READY"), help=argparse.SUPPRESS)
+    add_out_argument(ap)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child[0], args.child[1], args.child[2] == "1", args.batch, args.seq)
+        return 0
+    if args.quick:
+        args.documents, args.repeat, args.batch, args.seq = 2000, 1, 4, 64
+    from bench_cpu import machine
+
+    report = {
+        "benchmark": "first_batch",
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/first_batch.py", *(argv or sys.argv[1:])]),
+        "machine": machine(),
+        "config": {"documents": args.documents, "doc_tokens_mean": args.doc_tokens,
+                   "batch": args.batch, "seq": args.seq, "repeat": args.repeat,
+                   "backend": "cpu", "output": "torch",
+                   "page_cache": "warm: the dataset was just written and read once"},
+        "results": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="ndp-first-batch-") as tmp:
+        data = str(write_data(Path(tmp), args.documents, args.doc_tokens))
+        subprocess.run([sys.executable, __file__, "--child", data, "packed", "1", "--batch",
+                        str(args.batch), "--seq", str(args.seq)], check=True,
+                       capture_output=True)  # pages in, compilations cached
+        for mode in MODES:
+            row = {}
+            for name, ready in (("cold", "0"), ("numba_ready", "1")):
+                runs = []
+                for _ in range(args.repeat):
+                    proc = subprocess.run(
+                        [sys.executable, __file__, "--child", data, mode, ready, "--batch",
+                         str(args.batch), "--seq", str(args.seq)],
+                        capture_output=True, text=True, timeout=600)
+                    if proc.returncode:
+                        raise RuntimeError(f"{mode} run failed:\n{proc.stderr[-3000:]}")
+                    runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                row[name] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+                row[name]["runs"] = runs
+            row["numba_setup_s"] = row["numba_ready"]["numba_setup_s"]
+            report["results"][mode] = row
+            print(f"{mode:8s} Loader() to first batch: {row['cold']['to_first_batch_s']:.3f} s "
+                  f"as a script meets it, {row['numba_ready']['to_first_batch_s']:.3f} s with "
+                  f"Numba set up ({row['numba_setup_s']:.3f} s)", flush=True)
+    from ndp.store.atomic import atomic_write
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"first-batch-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    atomic_write(path, json.dumps(report, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
