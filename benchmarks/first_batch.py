@@ -15,6 +15,7 @@ is read lazily, the first window's table is not waited for). Medians of ``--repe
 JSON ``first-batch-<time>.json`` into ``--out``.
 
     python benchmarks/first_batch.py --out benchmarks/results    # 1e6 documents, ~1 minute
+    python benchmarks/first_batch.py --data /tmp/ndp-scale-data/docs-1e8 --out benchmarks/results
     python benchmarks/first_batch.py --quick                       # a smoke run
 """
 
@@ -70,6 +71,8 @@ def write_data(root: Path, documents: int, doc_tokens: int) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--documents", type=int, default=1_000_000)
+    ap.add_argument("--data", type=Path, help="an ndp dataset to read instead of writing one "
+                    "(bench_scale.py's, for 1e8 documents)")
     ap.add_argument("--doc-tokens", type=int, default=20, help="mean document length")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=1024)
@@ -97,7 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         "results": {},
     }
     with tempfile.TemporaryDirectory(prefix="ndp-first-batch-") as tmp:
-        data = str(write_data(Path(tmp), args.documents, args.doc_tokens))
+        if args.data is not None:
+            from ndp.store.corpus import Corpus
+
+            data = str(args.data)
+            report["config"].update(documents=len(Corpus(data)), data=data,
+                                    doc_tokens_mean=None)
+        else:
+            data = str(write_data(Path(tmp), args.documents, args.doc_tokens))
         subprocess.run([sys.executable, __file__, "--child", data, "packed", "1", "--batch",
                         str(args.batch), "--seq", str(args.seq)], check=True,
                        capture_output=True)  # pages in, compilations cached

@@ -138,7 +138,8 @@ def kinds_of(name: str, report: dict) -> list[str]:
                                    ("kernel-profile-", "kernels", "modes", dict),
                                    ("plan-change-", "plan-change", "sizes", list),
                                    ("gpu-threads-", "gpu-threads", "results", list),
-                                   ("explain-", "explain", "rows", list)):
+                                   ("explain-", "explain", "rows", list),
+                                   ("first-batch-", "first-batch", "results", dict)):
         if name.startswith(prefix) and isinstance(report.get(key), typ):
             kinds.append(kind)
     return kinds

@@ -390,6 +390,25 @@ def _schedule(r: Result) -> str:
                          "p99 at changes us", "ratio"], rows)
 
 
+def _first_batch(r: Result) -> str:
+    c = r.report.get("config") or {}
+    rows = []
+    for mode, d in (r.report.get("results") or {}).items():
+        if not isinstance(d, dict):
+            continue
+        cold, ready = d.get("cold") or {}, d.get("numba_ready") or {}
+        rows.append([mode, _num(cold.get("to_first_batch_s"), 3),
+                     _num(ready.get("to_first_batch_s"), 3), _num(d.get("numba_setup_s"), 3),
+                     _num(ready.get("loader_s"), 3), _num(ready.get("first_next_s"), 3)])
+    size = ("" if c.get("doc_tokens_mean") is None
+            else f" of {c.get('doc_tokens_mean')} tokens on average")
+    head = (f"{fmt(c.get('documents'), digits=0)} documents{size}; batches of {c.get('batch', '?')} x {c.get('seq', '?')}, "
+            f"{c.get('backend', '?')} backend, {c.get('output', '?')} output; a new process per "
+            f"run, medians of {c.get('repeat', '?')}. Seconds:\n\n")
+    return head + table(["mode", "Loader() to first batch", "the same, Numba set up first",
+                         "Numba's set-up", "Loader()", "first next()"], rows)
+
+
 def _pct(value) -> str:
     return "?" if not isinstance(value, (int, float)) else f"{value:+.1f}%"
 
@@ -404,7 +423,7 @@ TABLES = {"decode": _decode, "crc": _crc, "convert": _convert, "loader": _loader
           "accounting": _accounting, "remote": _remote, "shuffle": _shuffle,
           "bad-inputs": _bad_inputs, "scale": _scale, "train-gpt2": _train_gpt2,
           "schedule": _schedule, "kernels": _kernels, "plan-change": _plan_change,
-          "gpu-threads": _threads, "explain": _explain}
+          "gpu-threads": _threads, "explain": _explain, "first-batch": _first_batch}
 
 
 def render(kind: str, result: Result, page: str | None) -> str:
