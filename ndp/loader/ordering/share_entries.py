@@ -133,31 +133,35 @@ class ShareEntries:
         shard = held[1][a - s0: b - s0].astype(np.int64)
         return self.corpus.base[shard] + held[2][a - s0: b - s0], shard
 
-    def table(self, k: int) -> np.ndarray:
+    def table(self, k: int, stop: np.ndarray | None = None) -> np.ndarray:
         """Window ``k``'s table (built now if it is not held: one thread builds it, another
-        asking meanwhile waits for it)."""
+        asking meanwhile waits for it). ``stop``: a flag (one uint8) that, set to 1 by another
+        thread, abandons the build (``TableStopped``): a loop left while the warmer builds a
+        window of tens of millions of packets does not wait for it."""
         with self._lock:
             got = self._tables.get(k)
             if got is not None:
                 self._tables.move_to_end(k)
                 return got[0]
             making = self._making.setdefault(k, threading.Lock())
-        with making:
-            with self._lock:
-                got = self._tables.get(k)
-            if got is None:
-                got = self._build(k)
+        try:
+            with making:
                 with self._lock:
-                    self._tables[k] = got
-                    self.built += 1
-                    self.largest = max(self.largest, got[0].shape[0])
-                    while len(self._tables) > HELD:
-                        self._tables.popitem(last=False)
-        with self._lock:
-            self._making.pop(k, None)
+                    got = self._tables.get(k)
+                if got is None:
+                    got = self._build(k, NO_STOP if stop is None else stop)
+                    with self._lock:
+                        self._tables[k] = got
+                        self.built += 1
+                        self.largest = max(self.largest, got[0].shape[0])
+                        while len(self._tables) > HELD:
+                            self._tables.popitem(last=False)
+        finally:
+            with self._lock:
+                self._making.pop(k, None)
         return got[0]
 
-    def _build(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _build(self, k: int, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Window ``k``'s table: this rank's packets of it, their shards and their numbers in
         them worked out in one compiled pass (kept with the table for ``packets``: 8 or 12
         bytes a packet), put in order of shard and block by a compiled counting sort, then each
@@ -183,9 +187,10 @@ class ShareEntries:
             hi = int(corpus.shard_of(np.maximum(win.stops - 1, starts)).max())
             shards, near = NO_SHARDS, base[lo: hi + 2]
         size = win.size
-        _own_packets(np.int64(s0), np.int64(o.world_size), np.int64(o.rank),
-                     np.int64(o._starts[k]), np.uint64(size), np.uint64(side(size)), keys,
-                     starts, ends, shards, near, np.int32(lo), shard, local)
+        if _own_packets(np.int64(s0), np.int64(o.world_size), np.int64(o.rank),
+                        np.int64(o._starts[k]), np.uint64(size), np.uint64(side(size)), keys,
+                        starts, ends, shards, near, np.int32(lo), shard, local, stop) < 0:
+            raise TableStopped(f"window {k}'s table: stopped")
         first, last = int(shard.min()), int(shard.max())
         blocks = int(np.diff(base[first: last + 2]).max()) // BLOCK + 1  # per shard, at most
         order = np.empty(n, np.int32 if n < 1 << 31 else np.int64)  # 4 bytes a packet, briefly
@@ -193,6 +198,8 @@ class ShareEntries:
         _by_block(shard, local, np.int64(first), np.int64(blocks), np.int64(BLOCK), order, cuts)
         table = out.view(np.uint64).reshape(n, 2)
         for j in np.flatnonzero(np.diff(cuts)).tolist():
+            if stop[0]:
+                raise TableStopped(f"window {k}'s table: stopped")
             s, x = first + j // blocks, (j % blocks) * BLOCK
             index = corpus.indexes[s]
             passing = getattr(index, "passing", None)
@@ -229,12 +236,12 @@ class ShareEntries:
         with self._lock:
             self._tables.clear()
 
-    def prepare(self, k: int) -> None:
+    def prepare(self, k: int, stop: np.ndarray | None = None) -> None:
         """Build window ``k``'s table now (the warmer, ahead of the producer, which has read
-        past the windows before ``k - 1``: their tables go first)."""
+        past the windows before ``k - 1``: their tables go first); ``stop`` as ``table``'s."""
         if 0 <= k < len(self.order.windows):
             self.drop_before(k - 1)
-            self.table(k)
+            self.table(k, stop)
 
     def held(self) -> list[int]:
         """The windows whose tables are held."""
@@ -242,9 +249,15 @@ class ShareEntries:
             return list(self._tables)
 
 
-#: no round keys: a window in file order; no shard numbers: a window's ranges are not shards
+#: no round keys: a window in file order; no shard numbers: a window's ranges are not shards;
+#: a stop flag never set
 NO_KEYS = np.zeros(0, np.uint64)
 NO_SHARDS = np.zeros(0, np.int64)
+NO_STOP = np.zeros(1, np.uint8)
+
+
+class TableStopped(Exception):
+    """A window table's build was abandoned (its ``stop`` flag set): nothing was kept."""
 
 
 @cpu_kernel
@@ -271,14 +284,17 @@ def _last_at_or_before(sorted_, v):  # pragma: no cover - compiled
 
 @cpu_kernel
 def _own_packets(first, W, r, wstart, size, m, keys, starts, ends, shards, base, lo, shard,
-                 local):  # pragma: no cover - compiled
+                 local, stop):  # pragma: no cover - compiled
     """For share positions ``first, first + 1, ..``: the place in the window's order of each
     (``pos * W + r - wstart``), the file-order index there (``permute_one``, or the place
     itself without ``keys``), the window range it lies in (``ends``: the ranges' cumulative
     lengths), its global packet number, then its shard (the range's, from ``shards`` where
     given, else found in ``base``: the first packet of each shard from shard ``lo`` on) and its
-    number in that shard: ``Window.at_in``, or ``Window.at`` and ``Corpus.shard_of``."""
+    number in that shard: ``Window.at_in``, or ``Window.at`` and ``Corpus.shard_of``. -1 as
+    soon as ``stop[0]`` is set (looked at every 65,536 packets), else 0."""
     for i in range(shard.shape[0]):
+        if (i & 0xFFFF) == 0 and stop[0]:
+            return -1
         flat = (first + i) * W + r - wstart
         if keys.shape[0]:
             flat = np.int64(permute_one(np.uint64(flat), size, m, keys))

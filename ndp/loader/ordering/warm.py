@@ -19,6 +19,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+import numpy as np
+
 from ndp.loader.ordering.share import RankOrder
 
 
@@ -27,6 +29,7 @@ class Warmer:
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
+        self._stop = np.zeros(1, np.uint8)  # the build under way's stop flag
         self._warmed: tuple | None = None  # (share, window) last built ahead
         #: windows whose tables were built ahead (for tests and stats)
         self.windows = 0
@@ -67,10 +70,11 @@ class Warmer:
         tables = share.tables
         if not tables.claim(k):
             return  # being built already
+        stop = self._stop = np.zeros(1, np.uint8)  # set by ``join``: the build is abandoned
 
         def build() -> None:
             try:
-                tables.prepare(k)
+                tables.prepare(k, stop)
             except BaseException:  # noqa: BLE001 - the producer builds it again, and raises
                 pass
             finally:
@@ -82,7 +86,14 @@ class Warmer:
         self.windows += 1
 
     def join(self) -> None:
-        """Wait for a build under way (closing)."""
+        """Wait for a build under way."""
         thread = self._thread
         if thread is not None:
             thread.join()
+
+    def stop(self) -> None:
+        """Abandon a build under way and wait for its thread (closing): its window's table is
+        built again when next needed, so that a loop left at 1e8 documents does not wait
+        seconds for a table no one will read."""
+        self._stop[0] = 1
+        self.join()

@@ -129,5 +129,5 @@ class ProducerThread:
                 pass
             thread.join(timeout=0.05)
         self.plan.stop_ahead()  # and one it started since
-        self.producer.warmer.join()  # a window's entry table being built ahead
+        self.producer.warmer.stop()  # a window's entry table being built ahead: abandoned
         self._thread = None

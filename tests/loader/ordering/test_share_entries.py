@@ -165,6 +165,20 @@ def test_a_lying_index_is_refused_before_an_entry_of_it_is_read_one_by_one(tmp_p
         tables.table(0)
 
 
+def test_a_stopped_build_keeps_nothing_and_the_next_builds_whole(corpus):
+    """A table whose ``stop`` flag is set (the warmer's, when a loop is left) is abandoned:
+    ``TableStopped``, no table held, no build left marked; asked again, it is built whole."""
+    from ndp.loader.ordering.share_entries import TableStopped
+
+    share = order_of(corpus, world_size=3, rank=1, window=10**9)
+    with pytest.raises(TableStopped):
+        share.tables.table(0, np.ones(1, np.uint8))
+    assert share.tables.held() == [] and not share.tables._making
+    got = share.tables.table(0)
+    s0, s1 = share.tables.span(0)
+    assert got.tobytes() == corpus.entries_at(np.asarray(share)[s0:s1]).tobytes()
+
+
 def test_the_compiled_search_is_searchsorteds_for_short_and_long_arrays():
     """The table build's per-packet search (counted through a short array, binary on a long
     one) finds what ``np.searchsorted(..., side="right") - 1`` finds, repeats included."""
@@ -181,6 +195,8 @@ def test_the_compiled_search_is_searchsorteds_for_short_and_long_arrays():
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_a_window_of_many_shards_has_the_gather_by_packets_entries(tmp_path, shuffle,
                                                                    monkeypatch):
+    from ndp.loader.ordering.share_entries import NO_STOP
+
     """A window of 80 shards (more than the search counts through), some empty of this rank's
     packets, on 3 ranks: each table holds, shard and number too, what a gather by packet
     gives."""
@@ -197,7 +213,7 @@ def test_a_window_of_many_shards_has_the_gather_by_packets_entries(tmp_path, shu
         share = order_of(corpus, world_size=3, rank=rank, window=total, shuffle=shuffle)
         for k in range(len(share.windows)):
             s0, s1 = share.tables.span(k)
-            out, shard, local = share.tables._build(k)
+            out, shard, local = share.tables._build(k, NO_STOP)
             packets = np.asarray(share)[s0:s1]
             assert out.tobytes() == corpus.entries_at(packets).tobytes()
             assert (shard == corpus.shard_of(packets)).all()

@@ -66,3 +66,41 @@ def test_a_loader_builds_windows_ahead_and_leaves_no_thread(tmp_path):
     assert loader._producer.warmer.windows >= 1
     loader.close()
     assert not [t for t in threading.enumerate() if t.name == "ndp-warm"]
+
+
+def test_stop_abandons_the_build_under_way_and_the_loader_waits_for_no_table(tmp_path,
+                                                                           monkeypatch):
+    """``Warmer.stop`` (a Loader's close) sets the build's stop flag and joins its thread: a
+    build that would run until told (a window of 1e8 documents takes seconds) ends at once,
+    keeps no table, and leaves no build marked; ``join`` alone still waits."""
+    import time
+
+    from ndp.loader.ordering import share_entries
+
+    corpus = shards(tmp_path)
+    share = order_of(corpus, 0, 3 * corpus.shards[0].size)
+    started = threading.Event()
+    real = share_entries._own_packets
+
+    saw = []
+
+    def endless(*args):  # the compiled pass, on a window too large to finish before close
+        started.set()
+        stop, until = args[-1], time.monotonic() + 60  # (a bound, so a failure cannot hang)
+        while not stop[0] and time.monotonic() < until:
+            time.sleep(0.001)
+        saw.append(bool(stop[0]))
+        return real(*args)
+
+    monkeypatch.setattr(share_entries, "_own_packets", endless)
+    warm = Warmer()
+    warm.current(share, 0)
+    assert started.wait(10)
+    warm.stop()
+    assert saw == [True]
+    assert not [t for t in threading.enumerate() if t.name == "ndp-warm" and t.is_alive()]
+    assert share.tables.held() == [] and not share.tables._making
+    monkeypatch.setattr(share_entries, "_own_packets", real)
+    warm.current(share, 0)  # built again when next needed
+    warm.join()
+    assert share.tables.held() == [0]
