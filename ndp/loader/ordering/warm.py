@@ -97,3 +97,4 @@ class Warmer:
         seconds for a table no one will read."""
         self._stop[0] = 1
         self.join()
+        self._warmed = None  # a loop started again builds it ahead again
