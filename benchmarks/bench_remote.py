@@ -165,12 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                    "upload_seconds": upload_s, "server": "moto (python -m moto.server)"},
         "rows": rows,
     }
-    from ndp.store.atomic import atomic_write
+    from harness import write_report
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"remote-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    atomic_write(path, json.dumps(report, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_report(args.out, "remote", report)
     return 0
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import write_dataset, write_report  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
 MODES = ("padded", "packed", "packing")
@@ -68,8 +69,6 @@ def child(data: str, mode: str, ready: bool, batch: int, seq: int) -> None:
 
 def write_data(root: Path, documents: int, doc_tokens: int) -> Path:
     """``documents`` documents of 1 to ``2 * doc_tokens - 1`` tokens (``gpu_host``'s data)."""
-    from harness import write_dataset
-
     return write_dataset(root, tokens=documents * doc_tokens, doc_tokens=doc_tokens, shard_mb=64)
 
 
@@ -136,12 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"as a script meets it, {row['numba_ready']['to_first_batch_s']:.3f} s with "
                   f"Numba set up ({row['numba_setup_s']:.3f} s); close() after it "
                   f"{row['numba_ready']['close_s']:.3f} s", flush=True)
-    from ndp.store.atomic import atomic_write
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"first-batch-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    atomic_write(path, json.dumps(report, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_report(args.out, "first-batch", report)
     return 0
 
 

@@ -49,7 +49,7 @@ import null_device  # noqa: E402  (first: it switches Numba's simulator on)
 import numpy as np  # noqa: E402
 
 from bench_cpu import machine  # noqa: E402
-from harness import fresh_counts, write_dataset  # noqa: E402
+from harness import fresh_counts, write_dataset, write_report  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
 #: issue 27's targets for the host side (never asserted by tests)
@@ -187,12 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         <= TARGETS["cpu_s_per_billion_tokens"],
     }
     print("targets met:", report["targets_met"])
-    from ndp.store.atomic import atomic_write
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"gpu-host-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    atomic_write(path, json.dumps(report, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_report(args.out, "gpu-host", report)
     return 0
 
 

@@ -2,6 +2,7 @@
 NumPy and ndp inside the functions that need them).
 
 ``write_dataset()``: the synthetic corpus of ``gpu_host.py`` and ``first_batch.py``.
+``write_report()``: a run's JSON, ``<prefix>-<time>.json``, written atomically into ``--out``.
 
 ``fresh_counts()``: a measured run counts its epochs as a training run does, once each, into a
 new empty count cache. Without it, the runs of one invocation share the user's count cache
@@ -14,6 +15,8 @@ of a comparison paid for the others and ``--repeat`` medians came out low.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import json
 import os
 import shutil
 import tempfile
@@ -57,3 +60,15 @@ def write_dataset(root: Path, *, tokens: int, doc_tokens: int, shard_mb: int, se
             writer.write(encode_tokens(np.roll(ids, done % 977)[:n], width=2))
             done += n
     return out
+
+
+def write_report(out: Path, prefix: str, report: dict) -> Path:
+    """``report`` as ``out/<prefix>-<local time>.json`` (``out`` made if missing), written
+    atomically (``ndp.store.atomic``); says where."""
+    from ndp.store.atomic import atomic_write
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{prefix}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    atomic_write(path, json.dumps(report, indent=1) + "\n")
+    print(f"wrote {path}")
+    return path

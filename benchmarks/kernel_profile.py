@@ -195,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     from bench_gpu import device_info
     from bench_gpu_loader import write_corpus
 
-    from ndp.store.atomic import atomic_write
-
     report = {
         "benchmark": "kernel_profile",
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -224,10 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                                      for launch in entry["launches"]]
             report["modes"][mode] = entry
             _print(mode, entry)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"kernel-profile-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    atomic_write(path, json.dumps(report, indent=1) + "\n")
-    print(f"wrote {path}")
+    from harness import write_report
+
+    write_report(args.out, "kernel-profile", report)
     ok = all(e["returncode"] == 0 and e.get("launches") for e in report["modes"].values())
     return 0 if ok else 1
 

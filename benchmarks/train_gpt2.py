@@ -197,12 +197,9 @@ def main(argv: list[str] | None = None) -> int:
               "command": "python benchmarks/train_gpt2.py " + " ".join(argv or sys.argv[1:]),
               "machine": machine(), "config": {k: v for k, v in cfg.items() if k != "tokenizer"},
               "model": MODELS[cfg["model"]], "rows": rows}
-    from ndp.store.atomic import atomic_write
+    from harness import write_report
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"train-gpt2-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    atomic_write(path, json.dumps(report, indent=1) + "\n")
-    print(f"wrote {path}")
+    write_report(args.out, "train-gpt2", report)
     return 0
 
 

@@ -403,9 +403,11 @@ def test_a_run_adds_to_the_project_record_only_when_asked(tmp_path, env_dir):
 def test_every_script_that_writes_results_takes_out_with_the_shared_default():
     """``accounting.py`` and ``gpu_check.py`` included: no script writes into the project's
     record by default, and every one reads its default folder from the one helper."""
-    writers = [p for p in sorted(BENCH.glob("*.py"))
-               if 'print(f"wrote' in p.read_text() or p.name == "gpu_check.py"]  # its logs
-    assert {"accounting.py", "bench_cpu.py", "train_ab.py"} <= {p.name for p in writers}
+    writers = [p for p in sorted(BENCH.glob("*.py")) if p.name != "harness.py"  # the helper
+               and ('print(f"wrote' in p.read_text() or "write_report(" in p.read_text()
+                    or p.name == "gpu_check.py")]  # its logs
+    assert {"accounting.py", "bench_cpu.py", "train_ab.py", "gpu_host.py",
+            "first_batch.py"} <= {p.name for p in writers}
     for path in writers:
         text = path.read_text()
         assert "add_out_argument(" in text, f"{path.name} has no --out with the shared default"

@@ -374,3 +374,24 @@ def test_share_tokens_are_the_index_counts_gathered_once_a_block(uneven, monkeyp
         assert np.array_equal(plan.share_tokens(share, a, b), want[a:b]), (a, b)
         blocks |= set(range(a // 16, (min(b, share.shape[0]) - 1) // 16 + 1))
     assert len(gathers) == len(blocks) < 7  # each block once, however often it was asked
+
+
+def test_the_running_sum_chunk_end_keeps_is_the_sum_of_the_same_positions(uneven):
+    """``Reach.stream_run`` answers from the sum ``chunk_end`` last made where it covers the
+    positions asked (the producer's guess of the next chunk's start), and sums afresh where it
+    does not (another start, past its end, another share): always ``np.cumsum`` of
+    ``share_tokens`` over the same positions."""
+    plan = plan_of(uneven, mode="packed", rank=1, world_size=2)
+    share, other = plan.share(0).packets, plan.share(1).packets
+    n = share.shape[0]
+    for pos in (0, 5, n // 2):
+        q = plan.chunk_end(share, pos, 3, 4, (3, 24))
+        memo = plan._run_memo
+        assert memo[0] is share and memo[1] == pos
+        for a, b in ((pos, q), (pos, pos + 1), (pos, pos), (pos + 1, q),
+                     (pos, pos + memo[2].shape[0] + 7)):
+            want = np.cumsum(plan.share_tokens(share, a, b))
+            np.testing.assert_array_equal(plan.stream_run(share, a, b), want)
+        assert plan.stream_run(share, pos, q).base is not None  # from the kept sum
+        np.testing.assert_array_equal(plan.stream_run(other, pos, q),
+                                      np.cumsum(plan.share_tokens(other, pos, q)))
