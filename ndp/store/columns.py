@@ -28,11 +28,13 @@ FIELDS = {"offset": np.int64, "frame_bytes": np.int64, "tokens": np.int64, "src"
           "group": np.int64}
 
 
-def tokens_of(length: np.ndarray, typ: np.ndarray) -> np.ndarray:
+def tokens_of(length: np.ndarray, typ: np.ndarray, out: np.ndarray | None = None
+              ) -> np.ndarray:
     """Token count of each packet with payload ``length`` and TYP ``typ``, as a valid packet of
     that layout holds (0 for TYPs that carry no tokens): ``length // width``, or for a masked
-    layout (``LEN = 2 + N*w + ceil(N/8)``) the N that fits. One compiled pass (int64)."""
-    out = np.empty(length.shape[0], np.int64)
+    layout (``LEN = 2 + N*w + ceil(N/8)``) the N that fits. One compiled pass, into ``out``
+    (int64 by default; a packet holds at most 65,535 tokens, so int32 holds them too)."""
+    out = np.empty(length.shape[0], np.int64) if out is None else out
     if out.shape[0]:
         _tokens(length, typ, _WIDTH, _MASKED, np.int64(MASK_COUNT_BYTES), out)
     return out
@@ -115,34 +117,45 @@ class Column:
             return entries["length"].astype(np.int64) + FRAME_BYTES
         return entries[self.field]
 
-    def _range(self, start: int, stop: int, passing: bool = False) -> np.ndarray:
-        """Packets ``start`` to ``stop``: each shard's part as a slice of its index."""
+    def _range(self, start: int, stop: int, passing: bool = False,
+               out: np.ndarray | None = None) -> np.ndarray:
+        """Packets ``start`` to ``stop``: each shard's part as a slice of its index (into
+        ``out`` if given)."""
         base = self._corpus.base
-        out = np.empty(stop - start, self.dtype)
+        out = np.empty(stop - start, self.dtype) if out is None else out
         s = int(np.searchsorted(base, start, side="right")) - 1
         at = start
         while at < stop:
             end = min(stop, int(base[s + 1]))
-            out[at - start: end - start] = self._values(s, slice(at - base[s], end - base[s]),
-                                                        passing)
+            self._values(s, slice(at - base[s], end - base[s]), passing,
+                         out[at - start: end - start])
             at, s = end, s + 1
         return out
 
-    def passing(self, start: int, stop: int) -> np.ndarray:
+    def passing(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """``self[start:stop]`` for a reader passing through every shard once (the plan's
         pass over an epoch): shards' entries not held are read without being held
-        (``ndp.store.lazy.LazyIndex.passing``)."""
-        return self._range(start, max(start, stop), passing=True)
+        (``ndp.store.lazy.LazyIndex.passing``); into ``out`` if given (``tokens``: an int32
+        ``out`` is written by the pass itself, with no int64 copy between)."""
+        if out is not None and out.shape[0] != max(stop - start, 0):
+            raise ValueError(f"out holds {out.shape[0]} values for packets {start}..{stop}")
+        return self._range(start, max(start, stop), passing=True, out=out)
 
-    def _values(self, s: int, local: Any, passing: bool = False) -> np.ndarray:
+    def _values(self, s: int, local: Any, passing: bool, out: np.ndarray) -> None:
+        """This column's values of shard ``s``'s entries ``local``, into ``out``."""
         field = self.field
         if field == "group":
-            n = local.stop - local.start if isinstance(local, slice) else local.shape[0]
-            return np.full(n, self._corpus.shard_group[s], np.int64)
+            out[:] = self._corpus.shard_group[s]
+            return
         index = self._corpus.indexes[s]
         if passing and hasattr(index, "passing") and isinstance(local, slice):
-            return self._of(index.passing(local))  # only the range read, if not held
-        return self._of(index.entries[local])
+            entries = index.passing(local)  # only the range read, if not held
+        else:
+            entries = index.entries[local]
+        if field == "tokens" and out.dtype in (np.int32, np.int64):
+            tokens_of(entries["length"], entries["typ"], out)
+        else:
+            out[:] = self._of(entries)
 
     def __repr__(self) -> str:
         return f"Column({self.field!r}, {len(self)} packets)"

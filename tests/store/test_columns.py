@@ -47,3 +47,13 @@ def test_a_masked_payload_holds_the_tokens_it_was_made_for():
         n = np.arange(0, 2000)
         length = np.array([token_payload_len(k, width=width, masked=True) for k in n.tolist()])
         np.testing.assert_array_equal(tokens_of(length, np.full(n.shape[0], typ, np.uint8)), n)
+
+
+def test_counts_written_into_an_int32_buffer_are_the_int64_ones():
+    """The plan's pass writes each index's counts straight into its window's int32 column."""
+    lengths = np.arange(0, 65536, 7, dtype=np.uint16)
+    typs = (np.arange(lengths.shape[0]) % 256).astype(np.uint8)
+    out = np.full(lengths.shape[0] + 2, -1, np.int32)
+    got = tokens_of(lengths, typs, out[1:-1])
+    assert got.dtype == np.int32 and out[0] == -1 and out[-1] == -1
+    np.testing.assert_array_equal(got, tokens_of(lengths, typs))

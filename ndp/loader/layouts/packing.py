@@ -120,10 +120,13 @@ def _mark(marks, made, k, batch, position):  # pragma: no cover - compiled
 def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets, carry,
                            every, first, marks):  # pragma: no cover - compiled
     made = 0
+    k = ranks - 1  # element i's stream, i % ranks, kept without a division
     for i in range(lengths.shape[0]):
+        k += 1
+        if k == ranks:
+            k = 0
         if not take[i]:
             continue
-        k = i % ranks
         if carry[2, k] == 0:  # the stream's first example opens its first batch
             carry[2, k] = 1
             carry[0, k] = 0

@@ -45,7 +45,8 @@ import numpy as np
 
 from ndp.checks import integer, real
 from ndp.errors import ConfigError
-from ndp.loader.ordering.shuffle import invert, permute, round_keys
+from ndp.engine.threads import parallel_for
+from ndp.loader.ordering.shuffle import NO_KEYS, invert, permute, round_keys, side, take_range
 
 _ORDER_STREAM = 0x0D3E
 _DROP_STREAM = 0xC4C0
@@ -81,6 +82,9 @@ def environment_int(name: str, default: int) -> int:
 #: the shuffle's name, recorded in loader states: a state is only valid for the order it was
 #: made in, so a change to ``epoch_order`` must change this
 ORDER = "windows-v2"
+#: ``Window.take`` splits a run across ndp's threads in parts of at least this many places
+#: (~1 ms of work each: a hand-off costs tens of microseconds)
+TAKE_GRAIN = 1 << 16
 #: orders of earlier ndp versions: a state made in one is taken at an epoch's start only
 OLD_ORDERS = ("windows-v1",)
 #: a shuffle window: consecutive shards of the epoch's shard permutation, up to this many bytes
@@ -190,6 +194,17 @@ class Window:
         """The places in the window's order of the packets at file-order indices ``flat``."""
         flat = np.asarray(flat, np.int64)
         return flat if self.keys is None else invert(flat, self.size, self.keys)
+
+    def take(self, column: np.ndarray, a: int, b: int) -> np.ndarray:
+        """``column[flat(arange(a, b))]`` (``column``: a value per packet in file order) in one
+        compiled pass, the walk of the order included (``shuffle.take_step``), split across
+        ndp's threads (``parallel_for``) when long."""
+        column = np.ascontiguousarray(column)
+        out = np.empty(max(b - a, 0), column.dtype)
+        keys = NO_KEYS if self.keys is None else np.ascontiguousarray(self.keys, np.uint64)
+        parallel_for(take_range, out.shape[0], column, np.int64(a), np.uint64(self.size),
+                     np.uint64(side(self.size)), keys, out, grain=TAKE_GRAIN)
+        return out
 
     def packets_of(self, flat: np.ndarray) -> np.ndarray:
         """Global packet numbers of file-order indices ``flat`` (each mapped to its range)."""

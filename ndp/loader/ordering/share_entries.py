@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ndp.kernels._jit import cpu_kernel
-from ndp.loader.ordering.shuffle import permute_one, side
+from ndp.loader.ordering.shuffle import LANES, NO_KEYS, permute_step, side
 from ndp.wire.format import INDEX_ENTRY_DTYPE
 
 #: entries read from a shard's index at once, and share positions whose packets are worked
@@ -249,9 +249,7 @@ class ShareEntries:
             return list(self._tables)
 
 
-#: no round keys: a window in file order; no shard numbers: a window's ranges are not shards;
-#: a stop flag never set
-NO_KEYS = np.zeros(0, np.uint64)
+#: no shard numbers: a window's ranges are not shards; a stop flag never set
 NO_SHARDS = np.zeros(0, np.int64)
 NO_STOP = np.zeros(1, np.uint8)
 
@@ -286,28 +284,37 @@ def _last_at_or_before(sorted_, v):  # pragma: no cover - compiled
 def _own_packets(first, W, r, wstart, size, m, keys, starts, ends, shards, base, lo, shard,
                  local, stop):  # pragma: no cover - compiled
     """For share positions ``first, first + 1, ..``: the place in the window's order of each
-    (``pos * W + r - wstart``), the file-order index there (``permute_one``, or the place
+    (``pos * W + r - wstart``), the file-order index there (``permute_step``, or the place
     itself without ``keys``), the window range it lies in (``ends``: the ranges' cumulative
     lengths), its global packet number, then its shard (the range's, from ``shards`` where
     given, else found in ``base``: the first packet of each shard from shard ``lo`` on) and its
     number in that shard: ``Window.at_in``, or ``Window.at`` and ``Corpus.shard_of``. -1 as
     soon as ``stop[0]`` is set (looked at every 65,536 packets), else 0."""
-    for i in range(shard.shape[0]):
-        if (i & 0xFFFF) == 0 and stop[0]:
+    n = shard.shape[0]
+    flats = np.empty(min(LANES, n), np.int64)
+    for o in range(0, n, LANES):  # LANES divides 65,536
+        if (o & 0xFFFF) == 0 and stop[0]:
             return -1
-        flat = (first + i) * W + r - wstart
-        if keys.shape[0]:
-            flat = np.int64(permute_one(np.uint64(flat), size, m, keys))
-        j = _last_at_or_before(ends, flat) + 1  # the first range whose end is past flat
-        packet = starts[j] + flat - (ends[j - 1] if j else 0)
-        if shards.shape[0]:
-            s = shards[j]
-            local[i] = packet - base[s]
+        c = min(LANES, n - o)
+        x0 = (first + o) * W + r - wstart
+        if keys.shape[0]:  # the block's places through the rounds together
+            permute_step(x0, W, size, m, keys, flats[:c])
         else:
-            s = _last_at_or_before(base, packet)
-            local[i] = packet - base[s]
-            s += lo
-        shard[i] = s
+            for i in range(c):
+                flats[i] = x0 + i * W
+        for t in range(c):
+            i = o + t
+            flat = flats[t]
+            j = _last_at_or_before(ends, flat) + 1  # the first range whose end is past flat
+            packet = starts[j] + flat - (ends[j - 1] if j else 0)
+            if shards.shape[0]:
+                s = shards[j]
+                local[i] = packet - base[s]
+            else:
+                s = _last_at_or_before(base, packet)
+                local[i] = packet - base[s]
+                s += lo
+            shard[i] = s
     return 0
 
 

@@ -30,6 +30,8 @@ from ndp.kernels._jit import cpu_kernel
 #: Feistel rounds: 4 make a strong pseudorandom permutation of a pseudorandom round function
 #: (Luby and Rackoff); 6 for margin
 ROUNDS = 6
+#: no round keys: a window in file order (``take_step`` reads the places themselves)
+NO_KEYS = np.zeros(0, np.uint64)
 
 
 def round_keys(*entropy: int) -> np.ndarray:
@@ -74,27 +76,124 @@ def permute_one(place, nn, mm, keys):  # pragma: no cover - compiled
             return x
 
 
+#: places a compiled walk takes through the rounds at once: each round runs over all of them,
+#: place after place, a loop the compiler turns into SIMD lanes (~5 ns a place here, against
+#: ~20 for a place's rounds one after the other)
+LANES = 4096
+
+
+@cpu_kernel
+def _rounds(left, right, c, mm, keys, forward):  # pragma: no cover - compiled
+    """Every round (``forward``: in order, else backwards) on the first ``c`` pairs
+    ``(left[i], right[i])``, in place."""
+    s32 = np.uint64(32)
+    rounds = keys.shape[0]
+    for j in range(rounds):
+        key = keys[j] if forward else keys[rounds - 1 - j]
+        for i in range(c):
+            a = left[i]
+            b = right[i]
+            if forward:
+                x = b ^ key
+            else:
+                x = a ^ key
+            x ^= x >> np.uint64(30)
+            x *= np.uint64(0xBF58476D1CE4E5B9)
+            x ^= x >> np.uint64(27)
+            x *= np.uint64(0x94D049BB133111EB)
+            x ^= x >> np.uint64(31)
+            g = ((x >> s32) * mm) >> s32
+            if forward:
+                f = a + g  # < 2m
+                left[i] = b
+                right[i] = f - mm if f >= mm else f
+            else:
+                f = b + mm - g  # in (0, 2m]
+                left[i] = f - mm if f >= mm else f
+                right[i] = a
+    return 0
+
+
+@cpu_kernel
+def _invert_one(x, nn, mm, keys):  # pragma: no cover - compiled
+    """``invert`` of one value (uint64 ``x < nn``): the rounds backwards, walking out of range
+    the same way."""
+    s32 = np.uint64(32)
+    rounds = keys.shape[0]
+    while True:
+        left = x // mm
+        right = x % mm
+        for k in range(rounds - 1, -1, -1):
+            f = right + mm - (((_mix(left ^ keys[k]) >> s32) * mm) >> s32)  # in (0, 2m]
+            left, right = f - mm if f >= mm else f, left
+        x = left * mm + right
+        if x < nn:
+            return x
+
+
+@cpu_kernel
+def _finish(left, right, c, nn, mm, keys, forward, out, o):  # pragma: no cover - compiled
+    """``out[o + i]`` the value of lane ``i < c`` after one pass of the rounds: a value out of
+    ``[0, nn)`` walks on (``permute_one``, ``_invert_one``) as one place's walk would."""
+    for i in range(c):
+        x = left[i] * mm + right[i]
+        if x >= nn:
+            x = permute_one(x, nn, mm, keys) if forward else _invert_one(x, nn, mm, keys)
+        out[o + i] = np.int64(x)
+    return 0
+
+
+@cpu_kernel
+def permute_step(first, step, nn, mm, keys, out):  # pragma: no cover - compiled
+    """``out[i] = permute_one(first + i * step)`` for every ``i`` of ``out`` (int64; the
+    places ints >= 0 below ``nn``, ``mm = side(nn)``): the places of a run, or of one rank's
+    share of it, through the rounds ``LANES`` at a time."""
+    c = out.shape[0]
+    if c == 0:
+        return 0
+    lanes = min(LANES, c)
+    left = np.empty(lanes, np.uint64)
+    right = np.empty(lanes, np.uint64)
+    x0 = np.uint64(first)
+    stride = np.uint64(step)
+    step_left = stride // mm
+    step_right = stride - step_left * mm
+    for o in range(0, c, lanes):
+        n = min(lanes, c - o)
+        a = (x0 + np.uint64(o) * stride) // mm
+        b = (x0 + np.uint64(o) * stride) - a * mm
+        for i in range(n):  # (x // mm, x % mm) of each place, without a division
+            left[i] = a
+            right[i] = b
+            b += step_right
+            a += step_left
+            if b >= mm:
+                b -= mm
+                a += np.uint64(1)
+        _rounds(left, right, n, mm, keys, True)
+        _finish(left, right, n, nn, mm, keys, True, out, o)
+    return 0
+
+
 @cpu_kernel
 def _feistel(places, n, m, keys, forward, out):  # pragma: no cover - compiled
     mm = np.uint64(m)
     nn = np.uint64(n)
-    rounds = keys.shape[0]
-    s32 = np.uint64(32)
-    for i in range(places.shape[0]):
-        x = np.uint64(places[i])
-        if forward:
-            out[i] = np.int64(permute_one(x, nn, mm, keys))
-            continue
-        while True:  # the inverse: the rounds backwards, walking out of range the same way
-            left = x // mm
-            right = x % mm
-            for k in range(rounds - 1, -1, -1):
-                f = right + mm - (((_mix(left ^ keys[k]) >> s32) * mm) >> s32)  # in (0, 2m]
-                left, right = f - mm if f >= mm else f, left
-            x = left * mm + right
-            if x < nn:
-                break
-        out[i] = np.int64(x)
+    c = places.shape[0]
+    if c == 0:
+        return 0
+    lanes = min(LANES, c)
+    left = np.empty(lanes, np.uint64)
+    right = np.empty(lanes, np.uint64)
+    for o in range(0, c, lanes):
+        k = min(lanes, c - o)
+        for i in range(k):
+            x = np.uint64(places[o + i])
+            a = x // mm
+            left[i] = a
+            right[i] = x - a * mm
+        _rounds(left, right, k, mm, keys, forward)
+        _finish(left, right, k, nn, mm, keys, forward, out, o)
     return 0
 
 
@@ -117,3 +216,33 @@ def permute(places: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
 def invert(values: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
     """The places of ``values`` in the permutation ``permute`` makes (its inverse)."""
     return _run(values, n, keys, False)
+
+
+@cpu_kernel
+def take_step(column, first, nn, mm, keys, out):  # pragma: no cover - compiled
+    """``out[i] = column[permute_one(first + i)]`` for every ``i`` of ``out``
+    (``keys`` empty: ``column[first + i]``): values held in file order, read at a run of a
+    window's places. The places are permuted a block at a time and then read, so that the
+    reads of a block (cache misses, in a large ``column``) overlap."""
+    c = out.shape[0]
+    if keys.shape[0] == 0:
+        for i in range(c):
+            out[i] = column[first + i]
+        return 0
+    if c == 0:
+        return 0
+    lanes = min(LANES, c)
+    flat = np.empty(lanes, np.int64)
+    for o in range(0, c, lanes):
+        n = min(lanes, c - o)
+        permute_step(first + o, 1, nn, mm, keys, flat[:n])
+        for i in range(n):
+            out[o + i] = column[flat[i]]
+    return 0
+
+
+@cpu_kernel
+def take_range(column, first, nn, mm, keys, out, lo, hi):  # pragma: no cover - compiled
+    """``take_step`` of ``out[lo:hi]`` (the places ``first + lo`` to ``first + hi``): a range
+    for ``ndp.engine.threads.parallel_for``."""
+    return take_step(column, first + lo, nn, mm, keys, out[lo:hi])

@@ -203,7 +203,7 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
         lengths = np.zeros(off + b - a, np.int64)
         lengths[off:] = toks
         take = np.zeros(off + b - a, bool)
-        take[off:] = np.arange(at + a, at + b) < limit
+        take[off: off + max(min(b, limit - at) - a, 0)] = True  # places from limit on: cut
         if mode == "packed" and align is not None:
             aligned.count_aligned_by_rank(lengths, take, W, shapes, at_docs)
             bound(int(aligned.batches(at_docs).min()))
@@ -212,6 +212,8 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
                                         first=at + a - off))
         bound(int(carry[2].min()))
 
+    # the windows' token counts, one window at a time, in one buffer
+    held = np.empty(max((w.size for w in windows), default=0) if ordered else 0, np.int32)
     at = 0  # the epoch place of the window's first packet
     for win in windows:
         if at >= limit:
@@ -221,7 +223,7 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
         if mode == "packing" and at == 0:  # a first bound before a whole window is read
             first = min(PRIME, size, limit)
             greedy(tokens_one_by_one(corpus, win, first), 0, first)
-        column = (window_tokens(corpus, win, documents=mode == "packed") if ordered
+        column = (window_tokens(corpus, win, documents=mode == "packed", out=held) if ordered
                   else None)
         count.peak = max(count.peak, 0 if column is None else size)
         most = int(column.max()) if column is not None and column.shape[0] else 0
@@ -239,7 +241,7 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
                                  most_tokens=most)
                     bound(shapes.packed_batches(int(marks.sums.min())))
                     continue
-                greedy(column[win.flat(np.arange(a, b, dtype=np.int64))], a, b)
+                greedy(win.take(column, a, b), a, b)
                 continue
             # in file order: the index read in order (packed: each place's document)
             toks = window_tokens(corpus, win, a, b, documents=mode == "packed")

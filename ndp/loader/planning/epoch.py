@@ -203,16 +203,18 @@ class _Walk:
 
 
 def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None, *,
-                  documents: bool = False) -> np.ndarray:
+                  documents: bool = False, out: np.ndarray | None = None) -> np.ndarray:
     """The token counts of ``win``'s packets in file order (before its permutation), those at
     file-order indices ``[a, b)`` (all by default; int32: a packet holds at most 65,535
     tokens): each range (a shard) read as a slice of the corpus' tokens, which reads an index
     in order (a gather of permuted packet numbers would sort them by shard first), in passing
     (``Column.passing``: the pass does not push the decoder's entries out). ``documents``:
     the tokens each place holds in packed mode (``ndp.loader.ordering.units.place_tokens``: a whole
-    document's at its first piece, int64)."""
+    document's at its first piece, int64). ``out``: an int32 buffer of at least ``b - a`` to
+    write them into (a pass over an epoch's windows reuses one: its pages are touched once)."""
     b = win.size if b is None else b
-    out = np.empty(max(b - a, 0), np.int32)
+    n = max(b - a, 0)
+    out = np.empty(n, np.int32) if out is None else out[:n]
     tokens = corpus.tokens
     passing = getattr(tokens, "passing", None)  # a corpus' Column: read without holding
     at = 0  # file-order index of the range's first packet
@@ -220,7 +222,10 @@ def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None, *,
         x, y = max(a, at), min(b, at + hi - lo)  # the part of [a, b) in this range
         if x < y:
             s, e = lo + x - at, lo + y - at
-            out[x - a: y - a] = passing(s, e) if passing is not None else tokens[s:e]
+            if passing is not None:  # the counts written straight into ``out``
+                passing(s, e, out[x - a: y - a])
+            else:
+                out[x - a: y - a] = tokens[s:e]
         at += hi - lo
         if at >= b:
             break

@@ -25,10 +25,6 @@ from typing import Any
 import numpy as np
 
 from ndp.kernels._jit import cpu_kernel
-from ndp.loader.ordering.shuffle import permute_one, side
-
-#: no round keys: a window in file order
-NO_KEYS = np.zeros(0, np.uint64)
 
 #: the pass marks where every this many batches start in each rank's share (packing: more
 #: apart for shares so long that marks would be more than ``MOST_MARKS`` a rank; packed:
@@ -54,24 +50,18 @@ def mark_every(length: int, *, per_batch: int | None = None) -> int:
 
 
 @cpu_kernel
-def _packed_marks(column, a, b, at, limit, size, m, keys, ranks, sums, made, per_batch, every,
+def _packed_marks(toks, first, ranks, sums, made, per_batch, every,
                   out):  # pragma: no cover - compiled
-    """Window places ``a..b-1`` (epoch places ``at + p``, rank ``(at + p) % ranks``'s, up to
-    ``limit``): each place's tokens, ``column`` at its file-order index (``permute_one``; the
-    place itself without ``keys``), added to its rank's stream ``sums``, and a mark noted in
-    ``out`` wherever a rank's stream passes its next marked batch's first token."""
+    """Epoch places ``first, first + 1, ..`` (rank ``place % ranks``'s), of ``toks`` tokens
+    each: each added to its rank's stream ``sums``, and a mark noted in ``out`` wherever a
+    rank's stream passes its next marked batch's first token."""
     k_out = 0
-    for p in range(a, b):
-        place = at + p
-        if place >= limit:  # cut from every rank (and so is each place after it)
-            break
-        flat = p
-        if keys.shape[0]:
-            flat = np.int64(permute_one(np.uint64(p), size, m, keys))
-        k = place % ranks
+    k = first % ranks
+    for i in range(toks.shape[0]):
+        place = first + i
         s = sums[k]
-        end = s + np.int64(column[flat])
-        # the next marked batch starts at token ``made[k] * every * per_batch`` of the stream
+        end = s + np.int64(toks[i])
+        # the next marked batch starts at token ``made[k] * every * per_batch``
         while made[k] * every * per_batch < end:
             out[k_out, 0] = k
             out[k_out, 1] = made[k] * every
@@ -83,6 +73,9 @@ def _packed_marks(column, a, b, at, limit, size, m, keys, ranks, sums, made, per
             k_out += 1
             made[k] += 1
         sums[k] = end
+        k += 1
+        if k == ranks:
+            k = 0
     return k_out
 
 
@@ -108,19 +101,19 @@ class Marks:
                per_batch: int, most_tokens: int) -> None:
         """The marks of the packed stream over places ``[a, b)`` of window ``win`` (whose
         first place is epoch place ``at``; places from ``limit`` on are cut), the places'
-        tokens read from ``column`` (the window's, in file order) through the window's order:
-        one compiled pass, the walk of the order included. ``most_tokens``: at most that many
-        tokens a place (the size of the marks' buffer)."""
+        tokens read from ``column`` (the window's, in file order) through the window's order
+        (``Window.take``: compiled, on ndp's threads), then one compiled pass over them.
+        ``most_tokens``: at most that many tokens a place (the size of the marks' buffer)."""
+        b = min(b, limit - at)  # places from ``limit`` on are cut from every rank
+        if b <= a:
+            return
         ranks = self.sums.shape[0]
         # a mark per ``every * per_batch`` tokens of each rank's stream, one more per rank
-        most = most_tokens * max(b - a, 0) // (self.every * per_batch) + ranks
+        most = most_tokens * (b - a) // (self.every * per_batch) + ranks
         out = np.empty((most, 4), np.int64)
-        keys = NO_KEYS if win.keys is None else np.ascontiguousarray(win.keys, np.uint64)
-        size = win.size
-        got = _packed_marks(np.ascontiguousarray(column), np.int64(a), np.int64(b),
-                            np.int64(at), np.int64(limit), np.uint64(size),
-                            np.uint64(side(size)), keys, np.int64(ranks), self.sums,
-                            self.made, np.int64(per_batch), np.int64(self.every), out)
+        got = _packed_marks(win.take(column, a, b), np.int64(at + a), np.int64(ranks),
+                            self.sums, self.made, np.int64(per_batch), np.int64(self.every),
+                            out)
         self.add(out[:got])
 
     def as_dict(self) -> dict:

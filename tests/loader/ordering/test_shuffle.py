@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ndp.loader.ordering.shuffle import ROUNDS, invert, permute, round_keys, side
+from ndp.loader.ordering.order import TAKE_GRAIN, Window
+from ndp.loader.ordering.shuffle import (
+    ROUNDS,
+    invert,
+    permute,
+    permute_step,
+    round_keys,
+    side,
+)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 15, 16, 17, 99, 1000, 4097, 65_537])
@@ -55,3 +63,54 @@ def test_it_scatters_like_a_drawn_permutation():
     assert abs(np.corrcoef(np.arange(n), p)[0, 1]) < 0.01
     deciles = np.bincount(p[: n // 10] * 10 // n, minlength=10)  # the first tenth spreads out
     assert deciles.min() > 0.9 * n / 100 and deciles.max() < 1.1 * n / 100
+
+
+def _one_place(x: int, n: int, keys: np.ndarray) -> int:
+    """The permutation of one place in plain Python integers, as the module's docstring
+    defines it: the rounds on ``(x // m, x % m)``, walked on until the value falls below n."""
+    m, mask = side(n), (1 << 64) - 1
+
+    def mix(z: int) -> int:
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    while True:
+        left, right = divmod(x, m)
+        for key in keys.tolist():
+            left, right = right, (left + ((mix(right ^ key) >> 32) * m >> 32)) % m
+        x = left * m + right
+        if x < n:
+            return x
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 17, 4095, 4096, 4097, 10_007])
+def test_the_rounds_run_lane_by_lane_give_each_place_its_own_walk(n):
+    """``permute`` and ``permute_step`` take ``LANES`` places through each round together and
+    walk on the few that fall out of [0, n): every place must get the value its own walk
+    gives, at the lanes' edges and where walks are long."""
+    keys = round_keys(11, n)
+    whole = permute(np.arange(n), n, keys)
+    some = sorted({0, n - 1, n // 2, *range(0, n, max(1, n // 97))})
+    assert [int(whole[x]) for x in some] == [_one_place(x, n, keys) for x in some]
+    for first, step in [(0, 1), (n // 3, 1), (1, 3), (n - 1, 1), (2, 8)]:
+        if first >= n:
+            continue
+        count = (n - 1 - first) // step + 1
+        out = np.empty(count, np.int64)
+        permute_step(first, step, np.uint64(n), np.uint64(side(n)), keys, out)
+        np.testing.assert_array_equal(out, whole[first::step])
+
+
+def test_a_window_takes_its_values_in_its_order_on_every_thread():
+    """``Window.take``: a column held in file order read at a run of the window's places,
+    split across ndp's threads when long, equals the gather of the places' file-order
+    indices; in file order (no keys) it is the slice."""
+    starts, stops = np.array([0, 500_000]), np.array([150_000, 600_000])
+    column = np.arange(250_000, dtype=np.int32) * 7 % 65_521
+    for keys in (None, round_keys(5, 0)):
+        win = Window(starts, stops, keys)
+        for a, b in [(0, win.size), (3, 4), (TAKE_GRAIN - 1, 3 * TAKE_GRAIN + 5), (9, 9)]:
+            got = win.take(column, a, b)
+            assert got.dtype == column.dtype
+            np.testing.assert_array_equal(got, column[win.flat(np.arange(a, b))])
