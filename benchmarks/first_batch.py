@@ -13,7 +13,11 @@ Each run is a new process that imports ndp and torch, then times ``Loader(...)``
 The difference is Numba's set-up; what is left grows with nothing the dataset holds (the index
 is read lazily, the first window's table is not waited for). Then ``close()`` right after the
 first batch is timed too (``close_s``): what leaving a loop early waits for while ndp's threads
-stop. Medians of ``--repeat`` runs.
+stop. A third run per mode, ``len_cold``, times ``len(loader)`` right after ``Loader(...)`` with
+an empty count cache (``NDP_COUNT_CACHE``: a new folder; Numba set up first): what a script that
+asks for the epoch's length before its loop waits for, the exact count made from nothing (in
+``packed`` and ``packing`` mode a pass over every packet's index entry; ``padded``: arithmetic).
+Medians of ``--repeat`` runs.
 JSON ``first-batch-<time>.json`` into ``--out``.
 
     python benchmarks/first_batch.py --out benchmarks/results    # 1e6 documents, ~1 minute
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -41,15 +46,16 @@ from results_dir import add_out_argument  # noqa: E402
 MODES = ("padded", "packed", "packing")
 
 
-def child(data: str, mode: str, ready: bool, batch: int, seq: int) -> None:
-    """One fresh process's run: prints its timings as a JSON line."""
+def child(data: str, mode: str, ready: str, batch: int, seq: int) -> None:
+    """One fresh process's run (``ready``: "0" cold, "1" Numba set up first, "len" the
+    length asked for): prints its timings as a JSON line."""
     import numpy as np
     import torch  # noqa: F401  (imported, as in a training script)
 
     import ndp
 
     t = time.perf_counter()
-    if ready:
+    if ready != "0":
         from ndp.store.columns import tokens_of
 
         tokens_of(np.zeros(1, np.uint16), np.zeros(1, np.uint8))
@@ -57,6 +63,13 @@ def child(data: str, mode: str, ready: bool, batch: int, seq: int) -> None:
     loader = ndp.Loader(data, mode=mode, batch_size=batch, seq_len=seq, seed=0, backend="cpu",
                         output="torch")
     t1 = time.perf_counter()
+    if ready == "len":
+        n = len(loader)
+        t2 = time.perf_counter()
+        loader.close()
+        print(json.dumps({"numba_setup_s": t0 - t, "loader_s": t1 - t0, "len_s": t2 - t1,
+                          "batches": n}))
+        return
     it = iter(loader)  # kept: a loop's iterator lives on (dropping it stops the producer)
     next(it)
     t2 = time.perf_counter()
@@ -86,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     add_out_argument(ap)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child[0], args.child[1], args.child[2] == "1", args.batch, args.seq)
+        child(args.child[0], args.child[1], args.child[2], args.batch, args.seq)
         return 0
     if args.quick:
         args.documents, args.repeat, args.batch, args.seq = 2000, 1, 4, 64
@@ -100,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"documents": args.documents, "doc_tokens_mean": args.doc_tokens,
                    "batch": args.batch, "seq": args.seq, "repeat": args.repeat,
                    "backend": "cpu", "output": "torch",
-                   "page_cache": "warm: the dataset was just written and read once"},
+                   "page_cache": "warm: the dataset was just written and read once",
+                   "count_cache": "empty: each run counts into a new folder"},
         "results": {},
     }
     with tempfile.TemporaryDirectory(prefix="ndp-first-batch-") as tmp:
@@ -117,13 +131,15 @@ def main(argv: list[str] | None = None) -> int:
                        capture_output=True)  # pages in, compilations cached
         for mode in MODES:
             row = {}
-            for name, ready in (("cold", "0"), ("numba_ready", "1")):
+            for name, ready in (("cold", "0"), ("numba_ready", "1"), ("len_cold", "len")):
                 runs = []
                 for _ in range(args.repeat):
-                    proc = subprocess.run(
-                        [sys.executable, __file__, "--child", data, mode, ready, "--batch",
-                         str(args.batch), "--seq", str(args.seq)],
-                        capture_output=True, text=True, timeout=600)
+                    with tempfile.TemporaryDirectory(prefix="ndp-counts-", dir=tmp) as counts:
+                        proc = subprocess.run(
+                            [sys.executable, __file__, "--child", data, mode, ready, "--batch",
+                             str(args.batch), "--seq", str(args.seq)],
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "NDP_COUNT_CACHE": counts})
                     if proc.returncode:
                         raise RuntimeError(f"{mode} run failed:\n{proc.stderr[-3000:]}")
                     runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -134,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode:8s} Loader() to first batch: {row['cold']['to_first_batch_s']:.3f} s "
                   f"as a script meets it, {row['numba_ready']['to_first_batch_s']:.3f} s with "
                   f"Numba set up ({row['numba_setup_s']:.3f} s); close() after it "
-                  f"{row['numba_ready']['close_s']:.3f} s", flush=True)
+                  f"{row['numba_ready']['close_s']:.3f} s; len() on an empty count cache "
+                  f"{row['len_cold']['len_s']:.3f} s", flush=True)
     write_report(args.out, "first-batch", report)
     return 0
 
