@@ -4,8 +4,9 @@ asked: ``corpus.tokens[packets]``, ``corpus.offsets[packets]``, ...
 A corpus of 1e8 packets would hold ~4 GB of per-packet arrays if it concatenated its indexes at
 open; a ``Column`` holds nothing. Indexing it with global packet numbers (an int array, a slice
 or an int) splits them by shard (``base``: the shards' first packet numbers), reads those
-entries from each shard's index (``ndp.store.lazy``: read and checked when not held) and returns a new array: O(the packets asked for), plus a sort of their shard
-numbers when they are not in shard order.
+entries from each shard's index (``ndp.store.lazy``: read and checked when not held) and
+returns a new array: O(the packets asked for), plus a sort of their shard numbers when they are
+not in shard order.
 """
 
 from __future__ import annotations
@@ -180,4 +181,34 @@ def entries_at(corpus: Any, packets: np.ndarray, shard_ids: np.ndarray | None = 
         s = int(ids[a])
         at = slice(a, b) if order is None else order[a:b]
         out[at] = corpus.indexes[s].entries[packets[at] - base[s]]
+    return out
+
+
+def entries_one_by_one(corpus: Any, packets: np.ndarray,
+                       shards: np.ndarray | None = None) -> np.ndarray:
+    """The index entries of ``packets`` (global numbers; ``shards``: their shard numbers if
+    known), each shard's read one by one (``LazyIndex.read_at``; a held index: a gather), the
+    shards on ndp's threads at once (``parallel_for``): a shard's first read reads its index
+    whole for its check, the cost of a run's first chunk, which touches every shard of its
+    window."""
+    from ndp.engine.threads import parallel_for
+
+    shards = corpus.shard_of(packets) if shards is None else shards
+    out = np.empty(packets.shape[0], INDEX_ENTRY_DTYPE)
+    order = np.argsort(shards, kind="stable")
+    ids = shards[order]
+    cuts = np.flatnonzero(np.diff(ids)) + 1
+    firsts, ends = [0, *cuts.tolist()], [*cuts.tolist(), ids.shape[0]]
+
+    def read(lo: int, hi: int) -> None:
+        for a, b in zip(firsts[lo:hi], ends[lo:hi]):
+            s = int(ids[a])
+            where = order[a:b]
+            local = packets[where] - corpus.base[s]
+            index = corpus.indexes[s]
+            read_at = getattr(index, "read_at", None)
+            out[where] = index.entries[local] if read_at is None else read_at(local)
+
+    if packets.shape[0]:
+        parallel_for(read, len(firsts))
     return out

@@ -57,3 +57,25 @@ def test_counts_written_into_an_int32_buffer_are_the_int64_ones():
     got = tokens_of(lengths, typs, out[1:-1])
     assert got.dtype == np.int32 and out[0] == -1 and out[-1] == -1
     np.testing.assert_array_equal(got, tokens_of(lengths, typs))
+
+
+def test_entries_read_one_by_one_on_every_thread_are_the_held_ones(tmp_path):
+    """``entries_one_by_one``: packets of many shards, in any order and repeated, each shard's
+    read on its own (its index checked first, on its first use), equal the held entries."""
+    from ndp.store.columns import entries_at, entries_one_by_one
+    from ndp.store.corpus import Corpus
+    from ndp.wire.packet import encode_tokens
+
+    from ndp_test_helpers import ramp, write_shards
+
+    for i in range(6):
+        write_shards(tmp_path, [encode_tokens(ramp(50 * (9 * i + k), 1 + k % 7))
+                                for k in range(9)], prefix=f"s{i:02d}")
+    packets = np.random.default_rng(3).integers(0, 54, 200)
+    got = entries_one_by_one(Corpus(tmp_path), packets)  # not read yet: checked, then read
+    held = Corpus(tmp_path)
+    for index in held.indexes:
+        index.entries  # noqa: B018 - read and held whole
+    np.testing.assert_array_equal(got, entries_at(held, packets))
+    np.testing.assert_array_equal(entries_one_by_one(held, packets), got)
+    assert entries_one_by_one(held, packets[:0]).shape == (0,)

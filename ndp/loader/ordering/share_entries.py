@@ -32,6 +32,7 @@ import numpy as np
 
 from ndp.kernels._jit import cpu_kernel
 from ndp.loader.ordering.shuffle import LANES, NO_KEYS, permute_step, side
+from ndp.store.columns import entries_one_by_one
 from ndp.wire.format import INDEX_ENTRY_DTYPE
 
 #: entries read from a shard's index at once, and share positions whose packets are worked
@@ -101,17 +102,8 @@ class ShareEntries:
 
     def _direct(self, a: int, b: int) -> np.ndarray:
         """The entries of share positions ``[a, b)`` read one by one, while their window's
-        table is being built (``LazyIndex.read_at``; a held index: a gather)."""
-        corpus = self.corpus
-        packets = self.order[a:b]
-        shards = corpus.shard_of(packets)
-        out = np.empty(b - a, INDEX_ENTRY_DTYPE)
-        for s in np.unique(shards).tolist():
-            where = np.flatnonzero(shards == s)
-            local = packets[where] - corpus.base[s]
-            index = corpus.indexes[s]
-            read_at = getattr(index, "read_at", None)
-            out[where] = index.entries[local] if read_at is None else read_at(local)
+        table is being built (``ndp.store.columns.entries_one_by_one``)."""
+        out = entries_one_by_one(self.corpus, self.order[a:b])
         self.direct += b - a
         return out
 

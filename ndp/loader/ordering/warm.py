@@ -10,8 +10,10 @@ the ``Warmer`` where it is after each chunk; the warmer builds the table of the 
 that one (at an epoch's last window, the next epoch's first, from its share planned ahead) on a
 thread of its own (``ndp-warm``: one at a time, gone when done). Before each chunk it builds
 the table of the window the chunk reads if nothing has (a run's start, a resume): that chunk
-reads its entries one by one meanwhile. Only for shares read place by place
-(``ndp.loader.ordering.share.RankOrder``), whose windows are known ahead.
+reads its entries one by one meanwhile, and the build waits for it to be laid out (at most
+``GO_WAIT`` seconds): the first batch does not share the host's cores with a build of tens of
+millions of entries. Only for shares read place by place (``ndp.loader.ordering.share.RankOrder``),
+whose windows are known ahead.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import numpy as np
 
 from ndp.loader.ordering.share import RankOrder
 
+#: seconds a build started before a chunk waits for that chunk to be laid out, at most
+GO_WAIT = 2.0
+
 
 class Warmer:
     """Builds the next window's entry table ahead of the producer (module docstring)."""
@@ -31,6 +36,9 @@ class Warmer:
         self._thread: threading.Thread | None = None
         self._stop = np.zeros(1, np.uint8)  # the build under way's stop flag
         self._warmed: tuple | None = None  # (share, window) last built ahead
+        #: set when the chunk a ``current`` build was started for is laid out (or on ``stop``)
+        self._go = threading.Event()
+        self._go.set()
         #: windows whose tables were built ahead (for tests and stats)
         self.windows = 0
 
@@ -43,12 +51,15 @@ class Warmer:
             return
         k = share.window_at(min(pos, len(share) - 1))
         if k not in share.tables.held():
+            self._go.clear()  # the chunk first: ``ahead`` (after it) lets the build go
             self._start(share, k)
 
     def ahead(self, share: Any, pos: int, after: Callable[[], Any] | None = None) -> None:
         """The producer is at share position ``pos`` of ``share``: build the next window's
         table, unless built already or a build is under way. ``after()``: the next epoch's
-        share if planned (else ``None``), for the window after an epoch's last."""
+        share if planned (else ``None``), for the window after an epoch's last. A build that
+        ``current`` started waits until this first call after it."""
+        self._go.set()
         if (not isinstance(share, RankOrder) or share.tables is None or not len(share)
                 or (self._thread is not None and self._thread.is_alive())):
             return
@@ -72,8 +83,11 @@ class Warmer:
             return  # being built already
         stop = self._stop = np.zeros(1, np.uint8)  # set by ``join``: the build is abandoned
 
+        go = self._go
+
         def build() -> None:
             try:
+                go.wait(GO_WAIT)
                 tables.prepare(k, stop)
             except BaseException:  # noqa: BLE001 - the producer builds it again, and raises
                 pass
@@ -96,5 +110,6 @@ class Warmer:
         built again when next needed, so that a loop left at 1e8 documents does not wait
         seconds for a table no one will read."""
         self._stop[0] = 1
+        self._go.set()
         self.join()
         self._warmed = None  # a loop started again builds it ahead again

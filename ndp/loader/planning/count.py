@@ -40,22 +40,14 @@ PRIME = 1 << 15
 
 def tokens_one_by_one(corpus: Any, win: Any, n: int) -> np.ndarray:
     """The token counts of the first ``n`` places of ``win``'s order, their index entries
-    read one by one (``LazyIndex.read_at``; a held index: a gather)."""
-    from ndp.store.columns import tokens_of
+    read one by one (``ndp.store.columns.entries_one_by_one``; a held index: a gather)."""
+    from ndp.store.columns import entries_one_by_one, tokens_of
 
     packets = win.at(np.arange(n, dtype=np.int64))
     if getattr(corpus, "indexes", None) is None:  # token counts held whole
         return np.asarray(corpus.tokens[packets], np.int64)
-    shards = corpus.shard_of(packets)
-    out = np.empty(n, np.int64)
-    for s in np.unique(shards).tolist():
-        where = np.flatnonzero(shards == s)
-        local = packets[where] - corpus.base[s]
-        index = corpus.indexes[s]
-        read_at = getattr(index, "read_at", None)
-        e = index.entries[local] if read_at is None else read_at(local)
-        out[where] = tokens_of(e["length"], e["typ"])
-    return out
+    e = entries_one_by_one(corpus, packets)
+    return tokens_of(e["length"], e["typ"])
 
 
 class Count:

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ndp.engine.threads import parallel_for
 from ndp.loader.layouts import align as aligned
 
 from ndp.loader.ordering import units
@@ -217,18 +218,26 @@ def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None, *,
     out = np.empty(n, np.int32) if out is None else out[:n]
     tokens = corpus.tokens
     passing = getattr(tokens, "passing", None)  # a corpus' Column: read without holding
+    pieces = []  # (first packet, end, out's first index) of each range's part of [a, b)
     at = 0  # file-order index of the range's first packet
     for lo, hi in zip(win.starts.tolist(), win.stops.tolist()):
         x, y = max(a, at), min(b, at + hi - lo)  # the part of [a, b) in this range
         if x < y:
-            s, e = lo + x - at, lo + y - at
-            if passing is not None:  # the counts written straight into ``out``
-                passing(s, e, out[x - a: y - a])
-            else:
-                out[x - a: y - a] = tokens[s:e]
+            pieces.append((lo + x - at, lo + y - at, x - a))
         at += hi - lo
         if at >= b:
             break
+    if passing is None:
+        for s, e, o in pieces:
+            out[o: o + e - s] = tokens[s:e]
+    else:  # the counts written straight into ``out``; the ranges (shards: each index read
+        # and checked on its first use, nogil) on ndp's threads at once
+
+        def read(lo: int, hi: int) -> None:
+            for s, e, o in pieces[lo:hi]:
+                passing(s, e, out[o: o + e - s])
+
+        parallel_for(read, len(pieces))
     if documents and units.active(corpus, "packed"):
         return units.place_tokens(corpus, win.packets_of(np.arange(a, b, dtype=np.int64)), out)
     return out

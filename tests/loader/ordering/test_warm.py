@@ -95,6 +95,7 @@ def test_stop_abandons_the_build_under_way_and_the_loader_waits_for_no_table(tmp
     monkeypatch.setattr(share_entries, "_own_packets", endless)
     warm = Warmer()
     warm.current(share, 0)
+    warm.ahead(share, 0)  # the chunk it was started for is laid out: the build goes
     assert started.wait(10)
     warm.stop()
     assert saw == [True]
@@ -102,5 +103,29 @@ def test_stop_abandons_the_build_under_way_and_the_loader_waits_for_no_table(tmp
     assert share.tables.held() == [] and not share.tables._making
     monkeypatch.setattr(share_entries, "_own_packets", real)
     warm.current(share, 0)  # built again when next needed
+    warm.ahead(share, 0)
     warm.join()
     assert share.tables.held() == [0]
+
+
+def test_a_build_started_for_a_chunk_waits_until_that_chunk_is_laid_out(tmp_path, monkeypatch):
+    """A run's first chunk reads its entries one by one while its window's table is built
+    (``current``); the build starts once ``ahead`` says the chunk is laid out, so that the
+    first batch does not share the host's cores with it; ``stop`` releases it too."""
+    from ndp.loader.ordering import warm as warm_module
+
+    monkeypatch.setattr(warm_module, "GO_WAIT", 60.0)  # only the chunk (or stop) releases it
+    corpus = shards(tmp_path)
+    share = order_of(corpus, 0, 3 * corpus.shards[0].size)
+    warm = Warmer()
+    warm.current(share, 0)
+    thread = warm._thread
+    thread.join(0.3)  # a build of this window takes milliseconds: it has not begun
+    assert thread.is_alive() and share.tables.built == 0 and share.tables.held() == []
+    warm.ahead(share, 0)
+    warm.join()
+    assert share.tables.held() == [0] and share.tables.built == 1
+    other = order_of(corpus, 1, 3 * corpus.shards[0].size)
+    warm.current(other, 0)
+    warm.stop()  # a close before the chunk: the thread goes at once, with nothing built
+    assert not warm._thread.is_alive() and other.tables.built == 0
