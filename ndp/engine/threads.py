@@ -15,6 +15,12 @@ thread, so ``n`` threads means ``n - 1`` workers; ``1`` runs everything in the c
 
 Handing work to a worker costs tens of microseconds (a queue put, a wake-up, the GIL), so small
 jobs run in the calling thread, and the Loader hands the kernels whole chunks of batches.
+
+The pool is shared by every caller in the process (the producer's decode, the plan's count of an
+epoch, the first reads of a window's indexes), so a range handed to it may find every worker
+busy with another caller's. A range is taken by whoever starts it first: the caller, done with
+its own range, runs those of its ranges that no worker has started, so ``parallel_for`` is
+never slower than running its ranges in the caller, however busy the pool is.
 """
 
 from __future__ import annotations
@@ -112,7 +118,9 @@ class _Pool:
             task = self.tasks.get()  # blocks in the kernel: an idle worker uses no CPU
             if task is None:
                 return
-            kernel, args, lo, hi, done = task
+            kernel, args, lo, hi, done, taken = task
+            if not taken.acquire(blocking=False):
+                continue  # its caller ran it
             try:
                 kernel(*args, lo, hi)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
@@ -126,14 +134,21 @@ class _Pool:
             return
         bounds = [n_items * i // parts for i in range(parts + 1)]
         done: queue.SimpleQueue = queue.SimpleQueue()
+        taken = [threading.Lock() for _ in range(parts)]  # held by whoever runs the range
         for i in range(1, parts):
-            self.tasks.put((kernel, args, bounds[i], bounds[i + 1], done))
+            self.tasks.put((kernel, args, bounds[i], bounds[i + 1], done, taken[i]))
         first: BaseException | None = None
-        try:
-            kernel(*args, bounds[0], bounds[1])
-        except BaseException as exc:  # noqa: BLE001 - raised after the others finish
-            first = exc
-        for _ in range(1, parts):  # the ranges share the caller's arrays: wait for all
+        waiting = 0
+        for i in range(parts):  # its own range, then each no worker has started
+            if i and not taken[i].acquire(blocking=False):
+                waiting += 1  # a worker runs it
+                continue
+            try:
+                kernel(*args, bounds[i], bounds[i + 1])
+            except BaseException as exc:  # noqa: BLE001 - raised after the others finish
+                if first is None:
+                    first = exc
+        for _ in range(waiting):  # the ranges share the caller's arrays: wait for all
             exc = done.get()
             if first is None and exc is not None:
                 first = exc

@@ -166,3 +166,34 @@ except ValueError:
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "no threading layer" in out.stdout, out.stdout
+
+
+def test_a_caller_runs_the_ranges_no_busy_worker_started(three_threads):
+    """The pool is shared: while both workers run another caller's long ranges, a
+    ``parallel_for`` runs all of its own ranges itself and returns, rather than waiting for a
+    worker; each range still runs exactly once."""
+    release = threading.Event()
+    entered = threading.Barrier(4)  # the other caller, both workers, and this test
+
+    def hold(lo, hi):  # the other caller's ranges, each held until released (its own first,
+        entered.wait(10)  # so it takes none of the others: the workers do)
+        release.wait(30)
+
+    other = threading.Thread(target=threads.parallel_for, args=(hold, 3), kwargs={"grain": 1})
+    other.start()
+    try:
+        entered.wait(10)  # both workers are inside ``hold``, and so is the other caller
+        out = np.zeros(90, np.int64)
+        finished = threading.Event()
+        runner = threading.Thread(target=lambda: (threads.parallel_for(_fill, 90, out, grain=1),
+                                                  finished.set()))
+        runner.start()
+        assert finished.wait(20)  # done while the workers are still held
+        assert not release.is_set()
+        np.testing.assert_array_equal(out, np.arange(1, 91))
+    finally:
+        release.set()
+        other.join(30)
+    out = np.zeros(90, np.int64)  # the ranges the workers skipped did not run twice
+    threads.parallel_for(_fill, 90, out, grain=1)
+    np.testing.assert_array_equal(out, np.arange(1, 91))
