@@ -397,18 +397,20 @@ def _first_batch(r: Result) -> str:
         if not isinstance(d, dict):
             continue
         cold, ready = d.get("cold") or {}, d.get("numba_ready") or {}
+        length = (d.get("len_cold") or {}).get("len_s")
         rows.append([mode, _num(cold.get("to_first_batch_s"), 3),
                      _num(ready.get("to_first_batch_s"), 3), _num(d.get("numba_setup_s"), 3),
                      _num(ready.get("loader_s"), 3), _num(ready.get("first_next_s"), 3),
-                     _num(ready.get("close_s"), 3)])
+                     _num(ready.get("close_s"), 3),
+                     "-" if length is None else _num(length, 3)])
     size = ("" if c.get("doc_tokens_mean") is None
             else f" of {c.get('doc_tokens_mean')} tokens on average")
     head = (f"{fmt(c.get('documents'), digits=0)} documents{size}; batches of {c.get('batch', '?')} x {c.get('seq', '?')}, "
             f"{c.get('backend', '?')} backend, {c.get('output', '?')} output; a new process per "
             f"run, medians of {c.get('repeat', '?')}. Seconds:\n\n")
     return head + table(["mode", "Loader() to first batch", "the same, Numba set up first",
-                         "Numba's set-up", "Loader()", "first next()", "close() after it"],
-                        rows)
+                         "Numba's set-up", "Loader()", "first next()", "close() after it",
+                         "len(), empty count cache"], rows)
 
 
 def _pct(value) -> str:
