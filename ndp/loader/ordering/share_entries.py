@@ -9,8 +9,8 @@ a table of its own packets' entries in share order (``table``): the window's sha
 are read in passing (a block of ``BLOCK`` entries at a time, not held by the corpus' cache),
 and only this rank's are kept, so a rank holds 16 bytes a packet of its own share of two
 windows (the one being read and the next, which the producer's ``ndp.loader.ordering.warm.Warmer``
-has built ahead), and 8 more (12 past 2**31 packets a shard) for each packet's shard and
-number in it; a chunk's entries are then a slice of a table, with no gather and no sort, and
+has built ahead; a few more where they are small, ``HELD_BYTES``), and 8 more (12 past 2**31
+packets a shard) for each packet's shard and number in it; a chunk's entries are then a slice of a table, with no gather and no sort, and
 its packets a slice too (``packets``), with no second walk of the window's shuffled order.
 A table takes a whole read of its window's indexes and a walk of its order, made by compiled
 passes (``_build``; about 53 ns a packet on this project's VM, measured by hand on a window of
@@ -38,8 +38,14 @@ from ndp.wire.format import INDEX_ENTRY_DTYPE
 #: entries read from a shard's index at once, and share positions whose packets are worked
 #: out at once, while a table is built
 BLOCK = 1 << 18
-#: windows whose tables are held: the one being read and the next
+#: windows whose tables are held: the one being read and the next, at least; more while
+#: they hold at most ``HELD_BYTES`` together (``MOST_HELD`` at most): with small windows a
+#: chunk, its look-ahead and the chunk staged after it reach into three or more, and two held
+#: tables were built again and again (11 times each, a table a batch, with two 16 MiB shards a
+#: window in ``benchmarks/gpu_host.py``'s host source)
 HELD = 2
+HELD_BYTES = 1 << 26
+MOST_HELD = 8
 #: share positions a chunk may read one entry at a time while their window's table is being
 #: built (a run's first chunks: its first batch does not wait for a whole window's entries)
 DIRECT = 1 << 17
@@ -146,7 +152,9 @@ class ShareEntries:
                         self._tables[k] = got
                         self.built += 1
                         self.largest = max(self.largest, got[0].shape[0])
-                        while len(self._tables) > HELD:
+                        while len(self._tables) > HELD and (
+                                len(self._tables) > MOST_HELD
+                                or self._held_bytes() > HELD_BYTES):
                             self._tables.popitem(last=False)
         finally:
             with self._lock:
@@ -203,6 +211,10 @@ class ShareEntries:
             _scatter(table, got, order, np.int64(cuts[j]), np.int64(cuts[j + 1]), local,
                      np.int64(x))
         return out, shard, local
+
+    def _held_bytes(self) -> int:
+        """Bytes of the tables held (the caller holds the lock)."""
+        return sum(sum(a.nbytes for a in held) for held in self._tables.values())
 
     def claim(self, k: int) -> bool:
         """Mark window ``k`` as about to be built by a thread (``unclaim`` when done), unless
