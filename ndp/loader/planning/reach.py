@@ -33,6 +33,8 @@ class Reach:
     #: packed: the running token sum ``chunk_end`` last made, ``(share, pos, sum)``, for
     #: ``stream_run`` (a tuple, replaced whole: a thread that reads it sees one whole)
     _run_memo: tuple | None = None
+    #: packing: share positions a batch read in the last chunk (``chunk_end``'s first guess)
+    _packing_per_batch: float = 0.0
 
     def chunk_end(self, share: np.ndarray, pos: int, tok: int, batches: int,
                   shape: tuple[int, int], budget: int = 0) -> int:
@@ -70,12 +72,18 @@ class Reach:
                 ahead = max(2 * ahead, int((need / mean) * 1.125) + 64)
             self._run_memo = (share, pos, cum)
             return min(pos + int(np.searchsorted(cum, need)) + 1, n)
-        cap = max(64, 8 * B * batches)  # packing: a batch takes its candidates when all are
-        while True:  # valid (``chain_end``, compiled), read as far ahead as they need
+        # packing: a batch takes its candidates when all are valid (``chain_end``, compiled),
+        # read as far ahead as they need: as far as the last chunk's batches read per batch
+        # say, an eighth more (the first: 8 packets a row), doubled until it is enough
+        per = self._packing_per_batch
+        cap = int(batches * per * 1.125) + 64 if per else max(64, 8 * B * batches)
+        while True:
             end = min(pos + cap, n)
             q = chain_end(self.share_tokens(share, pos, end), batches=batches, rows=B,
                           row_len=T, budget=budget, complete=end >= n)
             if q >= 0:
+                if end < n:  # a chunk cut short by the share's end says nothing
+                    self._packing_per_batch = q / batches
                 return pos + q
             cap *= 2
 
