@@ -39,7 +39,7 @@ FEATURED = {
     "shuffle": ["shuffle-20261126-124612.json", "shuffle-20261126-124754.json"],
     # compiled window tables, layouts and token counts, one token sum a chunk, every epoch
     # counted (harness), then the same command on the code before them (a66325b)
-    "gpu-host": ["gpu-host-20261128-024924.json", "gpu-host-20261128-022756-at-a66325b.json"],
+    "gpu-host": ["gpu-host-20261128-051950.json", "gpu-host-20261128-024924.json"],
     # the newest code (two chunks in flight, array layouts, compiled packing) on an H200, then
     # the same command on two fresh H100 machines of 2026-11-26: how far a run moves
     "gpu-loader": ["gpu-loader-20261127-141100.json", "gpu-loader-20261126-163058.json",
