@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ndp.kernels._jit import cpu_kernel
 from ndp.store.corpus import Corpus
 from ndp.engine.cuda import CudaEngine
 from ndp.engine.device import Buffer, device_memory_info, pinned
@@ -75,6 +76,20 @@ def distinct(ids: np.ndarray) -> np.ndarray:
     if top > 4 * ids.shape[0] + 4096:
         return np.unique(ids)
     return np.flatnonzero(np.bincount(ids, minlength=top))
+
+
+@cpu_kernel
+def _stage_plan(offsets, shard_ids, slot_of, slot_base, sizes, out):  # pragma: no cover
+    """A chunk's plan in one compiled pass: ``out[i]``, packet ``i``'s offset in the arena (its
+    shard's slot's base plus its offset in the shard), ``out[n + i]`` the end of its shard
+    there (its limit)."""
+    n = shard_ids.shape[0]
+    for i in range(n):
+        s = shard_ids[i]
+        base = slot_base[slot_of[s]]
+        out[i] = np.int64(offsets[i]) + base
+        out[n + i] = base + sizes[s]
+    return 0
 
 
 class DeviceShards:
@@ -165,10 +180,9 @@ class DeviceShards:
         self._protect = protect
         for s in needed:
             self._ensure(s)
-        base = self.slot_base[self.slot_of[shard_ids]]
-        offsets = corpus.offsets[packets] if entries is None else entries["offset"].astype(
-            np.int64)
-        plan = np.concatenate([offsets + base, base + self.sizes[shard_ids]])
+        offsets = corpus.offsets[packets] if entries is None else entries["offset"]
+        plan = np.empty(2 * n, np.int64)  # each packet's offset in the arena, then its limit
+        _stage_plan(offsets, shard_ids, self.slot_of, self.slot_base, self.sizes, plan)
         dev = engine.upload(slot, "plan", plan)
         for s in needed:  # the kernels read a shard only once its copy is done (once is
             k = self.slot_of[s]  # enough: the compute stream keeps its order)

@@ -123,3 +123,26 @@ def test_a_chunks_distinct_shards_are_np_uniques():
         got = distinct(ids)
         assert np.array_equal(got, np.unique(ids)) and got.dtype == np.int64
     assert distinct(np.zeros(0, np.int64)).shape == (0,)
+
+
+def test_a_chunks_plan_is_each_packets_place_and_limit_in_the_arena():
+    """``_stage_plan`` (one compiled pass) gives what the numpy passes gave: each packet's
+    offset plus its shard's slot's base, then its shard's end in the arena, for offsets as the
+    index holds them (a uint64 field) or as int64, and any dtype of shard numbers."""
+    from ndp.loader.pipeline.device_shards import _stage_plan
+    from ndp.wire.format import INDEX_ENTRY_DTYPE
+
+    rng = np.random.default_rng(2)
+    sizes = rng.integers(100, 10_000, 9).astype(np.int64)
+    slot_of = rng.permutation(9).astype(np.int64)
+    slot_base = np.arange(9, dtype=np.int64) * 10_000 + 64
+    entries = np.zeros(500, INDEX_ENTRY_DTYPE)
+    entries["offset"] = rng.integers(0, 100, 500)
+    for shards in (rng.integers(0, 9, 500), rng.integers(0, 9, 500).astype(np.int32)):
+        base = slot_base[slot_of[shards]]
+        want = np.concatenate([entries["offset"].astype(np.int64) + base,
+                               base + sizes[shards]])
+        for offsets in (entries["offset"], entries["offset"].astype(np.int64)):
+            got = np.full(1000, -1, np.int64)
+            _stage_plan(offsets, shards, slot_of, slot_base, sizes, got)
+            np.testing.assert_array_equal(got, want)
