@@ -120,12 +120,13 @@ def _mark(marks, made, k, batch, position):  # pragma: no cover - compiled
 def _count_batches_by_rank(lengths, take, ranks, starts, sizes, lens, budgets, carry,
                            every, first, marks):  # pragma: no cover - compiled
     made = 0
-    k = ranks - 1  # element i's stream, i % ranks, kept without a division
+    k = first % ranks - 1  # element i's stream, (first + i) % ranks, kept without a division
+    every_taken = take.shape[0] == 0
     for i in range(lengths.shape[0]):
         k += 1
         if k == ranks:
             k = 0
-        if not take[i]:
+        if not every_taken and not take[i]:
             continue
         if carry[2, k] == 0:  # the stream's first example opens its first batch
             carry[2, k] = 1
@@ -229,12 +230,12 @@ def budget_ends(lengths: np.ndarray, *, budget: int, row_len: int, most: int) ->
     return np.array(ends, np.int64)
 
 
-def count_batches_by_rank(lengths: np.ndarray, take: np.ndarray, ranks: int, shapes: Shapes,
-                          carry: np.ndarray, *, every: int = 0, first: int = 0
+def count_batches_by_rank(lengths: np.ndarray, take: np.ndarray | None, ranks: int,
+                          shapes: Shapes, carry: np.ndarray, *, every: int = 0, first: int = 0
                           ) -> np.ndarray:
     """``count_batches`` of ``ranks`` interleaved streams at once, fed a piece at a time:
-    element ``i`` of ``lengths`` belongs to stream ``i % ranks`` and is one of its examples
-    where ``take[i]``. ``carry`` (int64, 4 x ``ranks``, ``new_carry``: each stream's row and
+    element ``i`` of ``lengths`` (int32 or int64) belongs to stream ``(first + i) % ranks``
+    and is one of its examples where ``take[i]`` (``take`` None: every element is). ``carry`` (int64, 4 x ``ranks``, ``new_carry``: each stream's row and
     column in its open batch, its batches so far, and the open batch's tokens) goes from
     piece to piece, so that ``carry[2]`` is, per stream, ``count_batches`` of all its
     examples however they were cut.
@@ -247,11 +248,18 @@ def count_batches_by_rank(lengths: np.ndarray, take: np.ndarray, ranks: int, sha
     n = lengths.shape[0]
     # a stream opens at most one batch per element: a mark per ``every`` of them, one more
     marks = np.empty((min(n, n // every + ranks) if every > 0 else 0, 3), np.int64)
-    made = _count_batches_by_rank(np.ascontiguousarray(lengths, np.int64),
-                                  np.ascontiguousarray(take, np.bool_), ranks,
+    if lengths.dtype not in (np.int32, np.int64):
+        lengths = lengths.astype(np.int64)
+    made = _count_batches_by_rank(np.ascontiguousarray(lengths),
+                                  _EVERY if take is None else np.ascontiguousarray(take, np.bool_),
+                                  ranks,
                                   *shapes.arrays(), carry, np.int64(every), np.int64(first),
                                   marks)
     return marks[:made]
+
+
+#: ``take`` for ``_count_batches_by_rank`` when every element is taken
+_EVERY = np.zeros(0, np.bool_)
 
 
 def new_carry(ranks: int) -> np.ndarray:

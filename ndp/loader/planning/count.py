@@ -191,17 +191,19 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
     def greedy(toks: np.ndarray, a: int, b: int) -> None:
         """The window's places ``[a, b)`` (of tokens ``toks``) laid out by rank, in order:
         packing's greedy count, or packed windows at documents."""
-        off = (at + a) % W  # element i of the laid-out block is rank i % W's
-        lengths = np.zeros(off + b - a, np.int64)
-        lengths[off:] = toks
-        take = np.zeros(off + b - a, bool)
-        take[off: off + max(min(b, limit - at) - a, 0)] = True  # places from limit on: cut
+        kept = max(min(b, limit - at) - a, 0)  # places from limit on: cut
         if mode == "packed" and align is not None:
+            off = (at + a) % W  # element i of the laid-out block is rank i % W's
+            lengths = np.zeros(off + b - a, np.int64)
+            lengths[off:] = toks
+            take = np.zeros(off + b - a, bool)
+            take[off: off + kept] = True
             aligned.count_aligned_by_rank(lengths, take, W, shapes, at_docs)
             bound(int(aligned.batches(at_docs).min()))
             return
-        marks.add(count_batches_by_rank(lengths, take, W, shapes, carry, every=marks.every,
-                                        first=at + a - off))
+        # element i is epoch place at + a + i, rank (at + a + i) % W's
+        marks.add(count_batches_by_rank(toks[:kept], None, W, shapes, carry,
+                                        every=marks.every, first=at + a))
         bound(int(carry[2].min()))
 
     # the windows' token counts, one window at a time, in one buffer

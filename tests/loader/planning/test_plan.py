@@ -246,6 +246,18 @@ def test_batches_counted_per_rank_in_pieces_are_count_batches(rows, row_len):
     for r in range(ranks):
         mine = lengths[r::ranks][take[r::ranks]]
         assert carry[2, r] == count_batches(mine, Shapes.of(rows, row_len))
+    # pieces cut anywhere, each from its first element's place (the count pass's blocks of a
+    # window, int32 counts, every element taken): the same counts and the same marks
+    cuts = np.sort(rng.choice(np.arange(1, 3000), 30, replace=False))
+    whole, pieces = new_carry(ranks), new_carry(ranks)
+    want = count_batches_by_rank(lengths, None, ranks, Shapes.of(rows, row_len), whole,
+                                 every=2)
+    got = [count_batches_by_rank(lengths[a:b].astype(np.int32), None, ranks,
+                                 Shapes.of(rows, row_len), pieces, every=2, first=int(a))
+           for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [3000]]))]
+    assert np.array_equal(pieces, whole) and np.array_equal(np.concatenate(got), want)
+    for r in range(ranks):
+        assert whole[2, r] == count_batches(lengths[r::ranks], Shapes.of(rows, row_len))
 
 
 def test_a_windows_every_wth_packet_is_picked_without_the_rest(uneven):
