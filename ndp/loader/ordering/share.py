@@ -3,7 +3,7 @@
 Without CRC-Drop, mixing or an elastic remainder, rank ``r`` of ``W`` takes places
 ``r, r + W, r + 2W, ...`` of the epoch's order, cut to ``length = packets // W`` (every rank
 as many): share position ``s`` is epoch place ``s * W + r``, which lies in one shuffle window
-and is one keyed permutation away from its packet (``ndp.loader.ordering.order.Window.at``). So a
+and is one keyed permutation away from its packet (``ndp.loader.ordering.window.Window.at``). So a
 ``RankOrder`` gives any slice of the share in O(slice + windows) with nothing held but the
 windows' ranges and keys: the producer reads its chunks from it, a resume starts anywhere in
 it, and nothing the size of the share (8 bytes a packet, 1.3 GB a rank at 1.3e9 documents and
