@@ -154,3 +154,25 @@ def test_a_resume_mid_epoch_does_not_wait_for_the_count(tmp_path, monkeypatch):
         Loader(tmp_path, **kw).load_state_dict(
             seal({**{k: v for k, v in state.items() if k != "check"}, "batch": n + 1,
                   "step": n + 1}))
+
+
+def test_packings_first_bound_from_entries_read_one_by_one_changes_no_count_or_mark(
+        tmp_path, monkeypatch):
+    """Packing's pass counts the first ``PRIME`` places of the first window from their entries
+    read one by one (a bound before the window is read whole), then the rest from the
+    window's column: the count and the marks are those of one pass over the column, wherever
+    the first part ends."""
+    for s in range(3):
+        write_shards(tmp_path, [encode_tokens(ramp(40 * k, 5 + (k * 7 + s) % 31))
+                                for k in range(150)], prefix=f"s{s}")
+    monkeypatch.setenv("NDP_COUNT_CACHE", "off")  # counted here, not found written
+    got = []
+    for prime in (0, 1, 7, 100, 10_000):
+        monkeypatch.setattr(count_module, "PRIME", prime)
+        loader = Loader(tmp_path, mode="packing", batch_size=2, seq_len=16, backend="cpu",
+                        output="arrays", seed=3, rank=1, world_size=2)
+        count = loader.plan.share(0).count
+        count.counted()
+        got.append((count.batches(), count.marks))
+        loader.close()
+    assert got[0][0] > 10 and got[0][1] is not None and all(g == got[0] for g in got)
