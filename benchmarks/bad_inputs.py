@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # must find it, and its CASES, instead of importing a second copy
 sys.modules.setdefault("bad_inputs", sys.modules[__name__])
 
-from bench_cpu import machine  # noqa: E402
+from harness import machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
 from ndp.store.atomic import atomic_write  # noqa: E402

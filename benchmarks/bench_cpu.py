@@ -24,9 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,62 +37,8 @@ from ndp.kernels._jit import cpu_kernel
 from ndp.kernels.clmul import HAS_CLMUL
 from ndp.kernels.crc16 import CRC16_TABLES, crc16_update_host, crc16_update_tables
 from ndp.wire.packet import encode_tokens
+from harness import machine  # noqa: F401  (the machine a result was measured on)
 from results_dir import OUT_HELP, add_out_argument
-
-
-def machine() -> dict:
-    """The machine and versions a result was measured on."""
-    import numba
-
-    cpu = platform.processor()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = {"python": platform.python_version(), "numpy": np.__version__,
-                "numba": numba.__version__}
-    for name in ("tokenizers", "transformers", "torch"):
-        try:
-            versions[name] = __import__(name).__version__
-        except ImportError:
-            pass
-    try:
-        here = Path(__file__).parent
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=here).stdout.strip()
-        # the code measured is not the commit's where its sources differ from it
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
-                                  "ndp", "kernels", "benchmarks/*.py", "pyproject.toml"],
-                                 capture_output=True, text=True, cwd=here.parent).stdout.strip()
-        if commit and changed:
-            commit += "-dirty"
-    except OSError:
-        commit = ""
-    # on a lent device the copy of .git is the one the session started with, so git there names
-    # an older commit and reads the tree as changed: the caller names the commit it sent
-    sent = os.environ.get("NDP_COMMIT")
-    return {
-        "hostname": platform.node(),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "numba_threads": numba.get_num_threads(),
-        "ndp_threads": ndp_threads(),
-        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "versions": versions,
-        "ndp_commit": sent or commit,
-        **({"ndp_commit_from": "NDP_COMMIT, set by the caller that sent the tree"}
-           if sent else {}),
-    }
-
-
-def ndp_threads() -> int:
-    from ndp.engine.threads import get_num_threads
-
-    return get_num_threads()
 
 
 def synthetic_shard(n_packets: int, seq: int, width: int, masked: bool, seed: int = 0):

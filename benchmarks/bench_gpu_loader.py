@@ -43,8 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import machine  # noqa: E402
-from harness import fresh_counts  # noqa: E402
+from harness import fresh_counts, machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 from bench_gpu import device_info, physical_limits  # noqa: E402
 

@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                       first_only=args.first_only)
         print(json.dumps(res))
         os._exit(0)  # daemon producer threads and memmaps: leave at once
-    from bench_cpu import machine
+    from harness import machine
 
     small = args.quick or args.smoke
     seconds = args.seconds or (0.5 if args.smoke else 2.0 if args.quick else 20.0)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_cpu import machine  # noqa: E402
+from harness import machine  # noqa: E402
 from ndp.store.atomic import atomic_write  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 from scale_data import (  # noqa: E402

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import machine  # noqa: E402
+from harness import machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
 B, T = 16, 1024

@@ -124,10 +124,10 @@ def ndp_commit() -> str:
 
 
 def machine() -> dict:
-    """``bench_cpu.machine()`` (it imports ndp: called in the driver only, never where a worker
+    """``harness.machine()`` (it imports ndp: called in the driver only, never where a worker
     times ``import ndp``), with the commit and path of the ndp measured (a copy's too)."""
     import ndp
-    from bench_cpu import machine as common
+    from harness import machine as common
 
     out = common()
     out.update(ndp_commit=ndp_commit(), ndp_path=str(Path(ndp.__file__).resolve().parent))

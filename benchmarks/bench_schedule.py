@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 
 import ndp  # noqa: E402
-from bench_cpu import machine  # noqa: E402
+from harness import machine  # noqa: E402
 from ndp.store.atomic import atomic_write  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.documents, args.repeat, args.batch, args.seq = 2000, 1, 4, 64
-    from bench_cpu import machine
+    from harness import machine
 
     report = {
         "benchmark": "first_batch",

@@ -48,8 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import null_device  # noqa: E402  (first: it switches Numba's simulator on)
 import numpy as np  # noqa: E402
 
-from bench_cpu import machine  # noqa: E402
-from harness import fresh_counts, write_dataset, write_report  # noqa: E402
+from harness import fresh_counts, machine, write_dataset, write_report  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 
 #: issue 27's targets for the host side (never asserted by tests)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import machine  # noqa: E402
+from harness import machine  # noqa: E402
 from bench_gpu import device_info  # noqa: E402
 from bench_gpu_loader import write_corpus  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402

@@ -1,6 +1,7 @@
 """What the benchmarks here share about running a measured Loader (standard library at import;
 NumPy and ndp inside the functions that need them).
 
+``machine()``: the machine, versions and commit a result was measured on (every benchmark's JSON).
 ``write_dataset()``: the synthetic corpus of ``gpu_host.py`` and ``first_batch.py``.
 ``write_report()``: a run's JSON, ``<prefix>-<time>.json``, written atomically into ``--out``.
 
@@ -18,7 +19,9 @@ import contextlib
 import datetime as dt
 import json
 import os
+import platform
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,3 +75,59 @@ def write_report(out: Path, prefix: str, report: dict) -> Path:
     atomic_write(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def machine() -> dict:
+    """The machine and versions a result was measured on (every benchmark's JSON has it)."""
+    import numba
+    import numpy as np
+
+    cpu = platform.processor()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {"python": platform.python_version(), "numpy": np.__version__,
+                "numba": numba.__version__}
+    for name in ("tokenizers", "transformers", "torch"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    try:
+        here = Path(__file__).parent
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=here).stdout.strip()
+        # the code measured is not the commit's where its sources differ from it
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                  "ndp", "kernels", "benchmarks/*.py", "pyproject.toml"],
+                                 capture_output=True, text=True, cwd=here.parent).stdout.strip()
+        if commit and changed:
+            commit += "-dirty"
+    except OSError:
+        commit = ""
+    # on a lent device the copy of .git is the one the session started with, so git there names
+    # an older commit and reads the tree as changed: the caller names the commit it sent
+    sent = os.environ.get("NDP_COMMIT")
+    return {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "numba_threads": numba.get_num_threads(),
+        "ndp_threads": ndp_threads(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "versions": versions,
+        "ndp_commit": sent or commit,
+        **({"ndp_commit_from": "NDP_COMMIT, set by the caller that sent the tree"}
+           if sent else {}),
+    }
+
+
+def ndp_threads() -> int:
+    from ndp.engine.threads import get_num_threads
+
+    return get_num_threads()

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print("kernel_profile needs Nsight Compute's ncu (CUDA's toolkit): not found",
               file=sys.stderr)
         return 2
-    from bench_cpu import machine
+    from harness import machine
     from bench_gpu import device_info
     from bench_gpu_loader import write_corpus
 

@@ -30,7 +30,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_cpu import machine  # noqa: E402
+from harness import machine  # noqa: E402
 from results_dir import add_out_argument  # noqa: E402
 from bench_loaders import documents  # noqa: E402
 

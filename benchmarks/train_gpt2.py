@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(0)  # daemon producer threads: leave at once
     import bench_loaders
     import peers
-    from bench_cpu import machine
+    from harness import machine
     from ndp.engine.backend import cuda_unavailable_reason, simulated
 
     has_gpu = cuda_unavailable_reason() is None and not simulated()
