@@ -235,10 +235,10 @@ def count_batches_by_rank(lengths: np.ndarray, take: np.ndarray | None, ranks: i
                           ) -> np.ndarray:
     """``count_batches`` of ``ranks`` interleaved streams at once, fed a piece at a time:
     element ``i`` of ``lengths`` (int32 or int64) belongs to stream ``(first + i) % ranks``
-    and is one of its examples where ``take[i]`` (``take`` None: every element is). ``carry`` (int64, 4 x ``ranks``, ``new_carry``: each stream's row and
-    column in its open batch, its batches so far, and the open batch's tokens) goes from
-    piece to piece, so that ``carry[2]`` is, per stream, ``count_batches`` of all its
-    examples however they were cut.
+    and is one of its examples where ``take[i]`` (``take`` None: every element is).
+    ``carry`` (int64, 4 x ``ranks``, ``new_carry``: each stream's row and column in its open
+    batch, its batches so far, and the open batch's tokens) goes from piece to piece, so that
+    ``carry[2]`` is, per stream, ``count_batches`` of all its examples however they were cut.
 
     With ``every``, the marks of the piece: ``(stream, batch, position)`` rows (int64), one
     for each batch whose number is a multiple of ``every`` that opens in it, ``position``

@@ -10,8 +10,9 @@ are read in passing (a block of ``BLOCK`` entries at a time, not held by the cor
 and only this rank's are kept, so a rank holds 16 bytes a packet of its own share of two
 windows (the one being read and the next, which the producer's ``ndp.loader.ordering.warm.Warmer``
 has built ahead; a few more where they are small, ``HELD_BYTES``), and 8 more (12 past 2**31
-packets a shard) for each packet's shard and number in it; a chunk's entries are then a slice of a table, with no gather and no sort, and
-its packets a slice too (``packets``), with no second walk of the window's shuffled order.
+packets a shard) for each packet's shard and number in it; a chunk's entries are then a slice
+of a table, with no gather and no sort, and its packets a slice too (``packets``), with no
+second walk of the window's shuffled order.
 A table takes a whole read of its window's indexes and a walk of its order, made by compiled
 passes (``_build``; about 53 ns a packet on this project's VM, measured by hand on a window of
 32,828 packets, against 90 ns for the numpy passes before): while one is being built, a
@@ -41,8 +42,8 @@ BLOCK = 1 << 18
 #: windows whose tables are held: the one being read and the next, at least; more while
 #: they hold at most ``HELD_BYTES`` together (``MOST_HELD`` at most): with small windows a
 #: chunk, its look-ahead and the chunk staged after it reach into three or more, and two held
-#: tables were built again and again (11 times each, a table a batch, with two 16 MiB shards a
-#: window in ``benchmarks/gpu_host.py``'s host source)
+#: tables were built again and again (up to 11 times each, with two 16 MiB shards a window in
+#: ``benchmarks/gpu_host.py``'s host source)
 HELD = 2
 HELD_BYTES = 1 << 26
 MOST_HELD = 8
