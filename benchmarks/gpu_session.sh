@@ -5,16 +5,16 @@
 #
 #   1. set-up from carried wheels (the machine reaches no package index): NumPy 2.4.x first
 #      (numba-cuda 0.30 fails on 2.5), then ndp itself (editable, no dependencies);
-#   2. benchmarks/gpu_check.py's checks: the gpu tests, the device-equality tests, the
+#   2. benchmarks/gpu/gpu_check.py's checks: the gpu tests, the device-equality tests, the
 #      schedules' CUDA tests and memcheck side by side, then two ranks under torchrun (sharing
 #      the GPU where there is one);
-#   3. benchmarks/kernel_profile.py: Nsight Compute on the verdict and build kernels (PROFILE=0
+#   3. benchmarks/gpu/kernel_profile.py: Nsight Compute on the verdict and build kernels (PROFILE=0
 #      leaves it out);
 #   4. bench_gpu_loader.py alone on the device, packed+documents too (BENCH=0 leaves it out);
-#   5. benchmarks/bench_schedule.py --backend cuda: a schedule's cost on the GPU (SCHEDULE=0);
-#   6. benchmarks/train_gpt2.py at GPT-2-small size: ndp on the GPU, torchdata (the fastest peer
-#      of bench_loaders.py, from a carried wheel) and ndp on the CPU (TRAIN=0);
-#   7. benchmarks/bench_loaders.py --quick: ndp on the GPU and on the CPU against torchdata,
+#   5. benchmarks/plan/bench_schedule.py --backend cuda: a schedule's cost on the GPU (SCHEDULE=0);
+#   6. benchmarks/training/train_gpt2.py at GPT-2-small size: ndp on the GPU, torchdata (the
+#      fastest peer of bench_loaders.py, from a carried wheel) and ndp on the CPU (TRAIN=0);
+#   7. benchmarks/loaders/bench_loaders.py --quick: ndp on the GPU and on the CPU against torchdata,
 #      litdata and nanoGPT's get_batch, every batch on the GPU, in the time left (DALI's wheel,
 #      hundreds of MB, is over what a device call carries; LOADERS=0).
 #
@@ -64,29 +64,29 @@ EOF
 cap() { local l=$(( $(left) - 15 )); echo $(( $1 < l ? $1 : (l > 10 ? l : 10) )); }
 
 echo "== gpu_check: the checks ($(left) s left)"
-python3 benchmarks/gpu_check.py --out "$RES" --budget "$(cap ${CHECKS_S:-200})" \
+python3 benchmarks/gpu/gpu_check.py --out "$RES" --budget "$(cap ${CHECKS_S:-200})" \
     --steps ${CHECKS:-gpu-tests device-equality device-schedules memcheck two-ranks}
 if [ "${PROFILE:-1}" = 1 ]; then
     echo "== kernel_profile ($(left) s left)"
-    timeout "$(cap 150)" python3 benchmarks/kernel_profile.py --out "$RES"
+    timeout "$(cap 150)" python3 benchmarks/gpu/kernel_profile.py --out "$RES"
 fi
 if [ "${BENCH:-1}" = 1 ]; then
     echo "== gpu_check: the loader benchmark ($(left) s left)"
-    python3 benchmarks/gpu_check.py --out "$RES" --budget "$(cap 160)" --steps bench-gpu-loader
+    python3 benchmarks/gpu/gpu_check.py --out "$RES" --budget "$(cap 160)" --steps bench-gpu-loader
 fi
 if [ "${SCHEDULE:-1}" = 1 ]; then
     echo "== bench_schedule on the GPU ($(left) s left)"
-    timeout "$(cap 120)" python3 benchmarks/bench_schedule.py --backend cuda --rounds 3 \
+    timeout "$(cap 120)" python3 benchmarks/plan/bench_schedule.py --backend cuda --rounds 3 \
         --out "$RES"
 fi
 if [ "${TRAIN:-1}" = 1 ]; then
     echo "== train_gpt2 ($(left) s left)"
-    timeout "$(cap 200)" python3 benchmarks/train_gpt2.py \
+    timeout "$(cap 200)" python3 benchmarks/training/train_gpt2.py \
         --feeds ndp-gpu-packed torchdata-0w ndp-cpu-packed --steps 100 --warmup 15 --out "$RES"
 fi
 if [ "${LOADERS:-1}" = 1 ]; then
     echo "== bench_loaders ($(left) s left)"
-    timeout "$(cap 150)" python3 benchmarks/bench_loaders.py \
+    timeout "$(cap 150)" python3 benchmarks/loaders/bench_loaders.py \
         --quick --seconds 3 --pipelines ndp-gpu-padded ndp-gpu-packed ndp-cpu-packed \
         torchdata-0w litdata-0w memmap-get-batch --out "$RES"
 fi

@@ -1,9 +1,27 @@
-"""What the benchmarks here share about running a measured Loader (standard library at import;
-NumPy and ndp inside the functions that need them).
+"""What every benchmark here shares (standard library at import; NumPy and ndp inside the
+functions that need them, so that ``gpu/gpu_check.py`` reads it before its preflight has seen
+whether ndp imports).
+
+The scripts live in folders by what they measure (``cpu/``, ``gpu/``, ``loaders/``, ``scale/``,
+``plan/``, ``storage/``, ``training/``, ``inputs/``; each folder's ``__init__.py`` says what it
+holds) and run as files, ``python benchmarks/<folder>/<script>.py``: each puts ``benchmarks/``
+on ``sys.path`` first, then imports this module by name and any other script by its folder
+(``from gpu.bench_gpu import device_info``), never by its bare name (which would load a second
+copy of the module).
+
+Where results go: ``benchmarks/results/`` is the project's record, committed, quoted by the
+README's headline and shown by the docs' performance pages (``docs/plugins/``,
+``tests/test_docs.py``) and by ``notebooks/benchmark.ipynb`` (which ``tests/test_notebooks.py``
+checks lists every file). A run adds to it only when asked (``--out benchmarks/results``);
+otherwise it writes to ``$NDP_RESULTS_DIR``, else ``ndp-results/`` in the working directory
+(ignored by git), so a trial run leaves the checkout and the test suite as they were
+(``add_out_argument``, also used by ``notebooks/execute.py``).
 
 ``machine()``: the machine, versions and commit a result was measured on (every benchmark's JSON).
-``write_dataset()``: the synthetic corpus of ``gpu_host.py`` and ``first_batch.py``.
-``write_report()``: a run's JSON, ``<prefix>-<time>.json``, written atomically into ``--out``.
+``command()``: the command line a result records, as run from the repository's root.
+``write_report()``: a run's JSON, ``<prefix>-<time>.json``, written atomically into ``--out``
+(``report_path()`` names it first, for a script that writes a figure beside it).
+``write_dataset()``: the synthetic corpus of ``gpu/gpu_host.py`` and ``scale/first_batch.py``.
 
 ``fresh_counts()``: a measured run counts its epochs as a training run does, once each, into a
 new empty count cache. Without it, the runs of one invocation share the user's count cache
@@ -15,6 +33,7 @@ of a comparison paid for the others and ``--repeat`` medians came out low.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as dt
 import json
@@ -25,6 +44,32 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+#: ``benchmarks/``
+HERE = Path(__file__).resolve().parent
+OUT_HELP = ("folder for the results (default: $NDP_RESULTS_DIR, else ./ndp-results); "
+            "--out benchmarks/results adds them to the project's record")
+
+
+def default_out() -> Path:
+    """``$NDP_RESULTS_DIR`` if set, else ``ndp-results/`` in the working directory, absolute (a
+    script that runs others in another directory passes it on). The environment is read when
+    this is called: at the command line's entry point, never at import."""
+    return Path(os.environ.get("NDP_RESULTS_DIR") or "ndp-results").absolute()
+
+
+def add_out_argument(parser: argparse.ArgumentParser, help: str = OUT_HELP) -> None:
+    """``--out DIR`` on ``parser``, defaulting to ``default_out()``."""
+    parser.add_argument("--out", type=Path, default=default_out(), metavar="DIR", help=help)
+
+
+def command(script: str, argv: list[str] | None) -> str:
+    """The command line a result records: ``python benchmarks/<folder>/<name>.py`` (``script``
+    is the caller's ``__file__``) and its arguments (``argv``, else ``sys.argv``'s)."""
+    import sys
+
+    rel = Path(script).resolve().relative_to(HERE.parent).as_posix()
+    return " ".join(["python", rel, *(sys.argv[1:] if argv is None else argv)])
 
 
 @contextlib.contextmanager
@@ -65,13 +110,22 @@ def write_dataset(root: Path, *, tokens: int, doc_tokens: int, shard_mb: int, se
     return out
 
 
-def write_report(out: Path, prefix: str, report: dict) -> Path:
-    """``report`` as ``out/<prefix>-<local time>.json`` (``out`` made if missing), written
+def report_path(out: Path, prefix: str, *, tag: str = "", precise: bool = False) -> Path:
+    """``out/<prefix>-<local time><tag>.json`` (``out`` made if missing); ``precise`` adds the
+    microseconds to the time (for runs that may end within the same second)."""
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S" + ("-%f" if precise else ""))
+    return out / f"{prefix}-{stamp}{tag}.json"
+
+
+def write_report(out: Path | None, prefix: str, report: dict, *, path: Path | None = None
+                 ) -> Path:
+    """``report`` as ``report_path(out, prefix)`` (or at ``path``, named by it first), written
     atomically (``ndp.store.atomic``); says where."""
     from ndp.store.atomic import atomic_write
 
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{prefix}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    path = path or report_path(out, prefix)
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(report, indent=1) + "\n")
     print(f"wrote {path}")
     return path
@@ -98,13 +152,12 @@ def machine() -> dict:
         except ImportError:
             pass
     try:
-        here = Path(__file__).parent
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=here).stdout.strip()
+                                text=True, cwd=HERE).stdout.strip()
         # the code measured is not the commit's where its sources differ from it
         changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
                                   "ndp", "kernels", "benchmarks/*.py", "pyproject.toml"],
-                                 capture_output=True, text=True, cwd=here.parent).stdout.strip()
+                                 capture_output=True, text=True, cwd=HERE.parent).stdout.strip()
         if commit and changed:
             commit += "-dirty"
     except OSError:

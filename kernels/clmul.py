@@ -19,11 +19,10 @@ Intel, 2009), here for the 16-bit non-reflected CRC-16/CCITT-FALSE:
 
 On one thread of the 2-core CI machine the host loop built on ``crc16_update_clmul`` runs
 4.2-4.8x the slice-by-16 loop over ranges of 2-8 KB and 1.5x at 128 bytes; below 128 bytes
-``crc16.crc16_update_host`` keeps the table loop (``python benchmarks/bench_cpu.py --only crc``).
-It compiles
-only where the CPU has PCLMULQDQ and Numba targets the host (``HAS_CLMUL``); elsewhere (ARM
-hosts, ``NUMBA_CPU_NAME`` set for a portable cache, ``NUMBA_DISABLE_JIT``) nothing here is
-compiled and the table loop serves every range.
+``crc16.crc16_update_host`` keeps the table loop (``python benchmarks/cpu/bench_cpu.py --only
+crc``). It compiles only where the CPU has PCLMULQDQ and Numba targets the host
+(``HAS_CLMUL``); elsewhere (ARM hosts, ``NUMBA_CPU_NAME`` set for a portable cache,
+``NUMBA_DISABLE_JIT``) nothing here is compiled and the table loop serves every range.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ carry-less multiplication where the CPU has it (``clmul.py``) and steps 16 bytes
 table otherwise. On one thread of the 2-core CI machine the host loop runs 4.2-4.8x the
 slice-by-16 loop alone over ranges of 2-8 KB (8.3 against 1.8 GB/s at 4 KB) and 1.5x at 128
 bytes; on both threads packets of 1,024 tokens validate at 8.6 GB/s (uint16) and 12.4 GB/s
-(int32), against 0.3 GB/s byte at a time (``python benchmarks/bench_cpu.py``,
+(int32), against 0.3 GB/s byte at a time (``python benchmarks/cpu/bench_cpu.py``,
 ``benchmarks/results/cpu-20261124-191252.json``; this VM's speed varies by up to 2x between
 runs, so compare within one file). All give the same CRC (tested against ``binascii.crc_hqx``).
 

@@ -5,7 +5,7 @@
     python notebooks/execute.py --in-place           # rewrite the committed notebooks (maintainers)
 
 By default the executed copies go to ``--out`` (``$NDP_RESULTS_DIR/notebooks``, else
-``ndp-results/notebooks/`` in the working directory; see ``benchmarks/results_dir.py``), and the
+``ndp-results/notebooks/`` in the working directory; see ``benchmarks/harness.py``), and the
 committed notebooks are left as they are. ``--in-place`` overwrites them, so that GitHub and
 nbviewer show the saved outputs: run it after committing a results file, since
 ``benchmark.ipynb`` reads ``benchmarks/results/`` (``NDP_RESULTS_DIR`` is ignored then) and
@@ -39,7 +39,7 @@ def execute(path: Path, cwd: Path = HERE) -> nbformat.NotebookNode:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE.parent / "benchmarks"))
-    from results_dir import default_out
+    from harness import default_out
 
     from ndp.store.atomic import atomic_write
 

@@ -15,7 +15,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 def test_gpu_benchmark_smoke_run_under_the_simulator(tmp_path):
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_gpu.py"), "--smoke", "--out",
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu/bench_gpu.py"), "--smoke", "--out",
                            str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (result,) = tmp_path.glob("sim-*.json")
@@ -36,7 +36,7 @@ def test_gpu_benchmark_smoke_run_under_the_simulator(tmp_path):
 
 def test_gpu_loader_benchmark_smoke_run_under_the_simulator(tmp_path):
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_gpu_loader.py"), "--smoke",
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu/bench_gpu_loader.py"), "--smoke",
                            "--modes", "padded", "packed", "packed+documents",
                            "--out", str(tmp_path)], capture_output=True, text=True, env=env,
                           timeout=600)
@@ -62,7 +62,7 @@ def test_gpu_loader_benchmark_smoke_run_under_the_simulator(tmp_path):
 def test_schedule_benchmark_smoke_run(tmp_path):
     """``bench_schedule.py --smoke``: every mode, the warm-up against its phases' fixed shapes,
     a schedule's own per-chunk work and next() at changes, in a results file."""
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_schedule.py"), "--smoke",
+    proc = subprocess.run([sys.executable, str(BENCH / "plan/bench_schedule.py"), "--smoke",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (result,) = tmp_path.glob("schedule-*-smoke.json")
@@ -81,7 +81,7 @@ def test_plan_change_benchmark_smoke_run(tmp_path):
     """``bench_plan_change.py --smoke``: each resume (the same settings, another mix or batch
     size, a grown dataset, both) in a process of its own, timed against a plain resume; the
     changes go on in the rest of the epoch, a plain or grown resume does not."""
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_plan_change.py"), "--smoke",
+    proc = subprocess.run([sys.executable, str(BENCH / "plan/bench_plan_change.py"), "--smoke",
                            "--sizes", "1e5", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -99,7 +99,7 @@ def test_plan_change_benchmark_smoke_run(tmp_path):
 def test_explain_benchmark_smoke_run(tmp_path):
     """``bench_explain.py --smoke``: each mode's steps from the epoch's start to its middle,
     and one from a resumed state, each call timed in a process per mode."""
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_explain.py"), "--smoke",
+    proc = subprocess.run([sys.executable, str(BENCH / "plan/bench_explain.py"), "--smoke",
                            "--sizes", "1e5", "--loop-steps", "2", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -113,8 +113,8 @@ def test_explain_benchmark_smoke_run(tmp_path):
 
 
 def test_loader_comparison_smoke_run(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_loaders.py"), "--smoke", "--out",
-                           str(tmp_path), "--rounds", "2"],
+    proc = subprocess.run([sys.executable, str(BENCH / "loaders/bench_loaders.py"), "--smoke",
+                           "--out", str(tmp_path), "--rounds", "2"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (result,) = tmp_path.glob("loaders-*.json")
@@ -135,12 +135,14 @@ def test_loader_comparison_smoke_run(tmp_path):
 
 
 def _bench(name: str):
-    """``benchmarks/<name>.py`` as a module (the scripts import their neighbours by name)."""
+    """``benchmarks/<folder>/<name>.py`` as the module ``<folder>.<name>``, as the scripts
+    import each other (``benchmarks/`` on ``sys.path``, ``harness.py``'s docstring)."""
     import importlib
 
+    (path,) = BENCH.glob(f"*/{name}.py")
     sys.path.insert(0, str(BENCH))
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(f"{path.parent.name}.{name}")
     finally:
         sys.path.remove(str(BENCH))
 
@@ -176,7 +178,7 @@ def test_loader_rounds_pair_each_ndp_row_with_the_cheapest_peer_of_its_round():
 
 
 def test_training_ab_smoke_run_curves_coincide(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH / "train_ab.py"), "--quick", "--out",
+    proc = subprocess.run([sys.executable, str(BENCH / "training/train_ab.py"), "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (result,) = tmp_path.glob("train-ab-*.json")
@@ -192,15 +194,9 @@ def test_training_ab_smoke_run_curves_coincide(tmp_path):
 def test_every_ndp_pipeline_of_the_loader_comparison_names_a_real_backend():
     """The GPU rows run only on a GPU machine, so their Loader arguments are checked here: they
     once asked for backend='gpu', which the Loader refuses."""
-    import importlib
-
     from ndp.engine.backend import BACKENDS
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        bench = importlib.import_module("bench_loaders")
-    finally:
-        sys.path.remove(str(BENCH))
+    bench = _bench("bench_loaders")
     names = [n for n in bench.GPU_PIPELINES + bench.PIPELINES if n.startswith("ndp-")]
     assert {n.split("-")[1] for n in names} == {"cpu", "gpu"}
     for name in names:
@@ -214,7 +210,7 @@ def test_every_ndp_pipeline_of_the_loader_comparison_names_a_real_backend():
 
 
 def test_gpu_check_lists_its_steps_and_fails_loudly_without_a_gpu(tmp_path):
-    listed = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--list"],
+    listed = subprocess.run([sys.executable, str(BENCH / "gpu/gpu_check.py"), "--list"],
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0
     names = [line.split()[0] for line in listed.stdout.splitlines()]
@@ -224,7 +220,7 @@ def test_gpu_check_lists_its_steps_and_fails_loudly_without_a_gpu(tmp_path):
     # nothing else runs
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     env.pop("NDP_RESULTS_DIR", None)
-    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py")], capture_output=True,
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu/gpu_check.py")], capture_output=True,
                           text=True, env=env, timeout=120, cwd=tmp_path)
     assert proc.returncode == 1
     assert "FAIL  preflight" in proc.stdout and "NUMBA_ENABLE_CUDASIM=1 is set" in proc.stdout
@@ -292,13 +288,7 @@ def test_peers_install_from_carried_wheels_where_no_index_is_reachable(monkeypat
     """NDP_PEER_WHEELS (a lent GPU machine reaches no package index): the peers' wheels found
     there, and what they need, go into this interpreter, with no index and no resolver; a peer
     with no wheel there is named; nothing else in the folder is installed."""
-    import importlib
-
-    sys.path.insert(0, str(BENCH))
-    try:
-        peers = importlib.import_module("peers")
-    finally:
-        sys.path.remove(str(BENCH))
+    peers = _bench("peers")
     for name in ["torchdata-0.11.0-py3-none-any.whl", "litdata-0.2.76-py3-none-any.whl",
                  "boto3-1.44.8-py3-none-any.whl", "obstore-0.12.1-cp311-abi3-any.whl",
                  "numpy-2.4.6-cp312-cp312-manylinux_2_28_x86_64.whl"]:
@@ -355,7 +345,8 @@ def test_every_bad_input_of_the_reliability_run_is_handled(tmp_path):
     """The run behind 'N of N cases handled' (the README's headline, docs/concepts/integrity.md):
     every case refused with a named error or delivered exactly (it exits 1 and names the case
     otherwise)."""
-    proc = subprocess.run([sys.executable, str(BENCH / "bad_inputs.py"), "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, str(BENCH / "inputs/bad_inputs.py"), "--out",
+                           str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, [line for line in proc.stdout.splitlines() if "FAIL" in line]
     (result,) = tmp_path.glob("bad-inputs-*.json")
@@ -364,8 +355,8 @@ def test_every_bad_input_of_the_reliability_run_is_handled(tmp_path):
 
 
 def test_shuffle_quality_smoke_run_tells_a_shuffle_from_a_rotation(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH / "shuffle_quality.py"), "--smoke", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(BENCH / "plan/shuffle_quality.py"), "--smoke",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     (path,) = tmp_path.glob("shuffle-*-smoke.json")
     rows = json.loads(path.read_text())["rows"]
@@ -388,7 +379,7 @@ def test_a_run_adds_to_the_project_record_only_when_asked(tmp_path, env_dir):
     if env_dir:
         env["NDP_RESULTS_DIR"] = str(tmp_path / "mine")
     try:
-        proc = subprocess.run([sys.executable, str(BENCH / "shuffle_quality.py"), "--smoke"],
+        proc = subprocess.run([sys.executable, str(BENCH / "plan/shuffle_quality.py"), "--smoke"],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         added = sorted(p.name for p in set(record.iterdir()) - before)
     finally:
@@ -403,7 +394,7 @@ def test_a_run_adds_to_the_project_record_only_when_asked(tmp_path, env_dir):
 def test_every_script_that_writes_results_takes_out_with_the_shared_default():
     """``accounting.py`` and ``gpu_check.py`` included: no script writes into the project's
     record by default, and every one reads its default folder from the one helper."""
-    writers = [p for p in sorted(BENCH.glob("*.py")) if p.name != "harness.py"  # the helper
+    writers = [p for p in sorted(BENCH.glob("*/*.py")) if p.name != "harness.py"  # the helper
                and ('print(f"wrote' in p.read_text() or "write_report(" in p.read_text()
                     or p.name == "gpu_check.py")]  # its logs
     assert {"accounting.py", "bench_cpu.py", "train_ab.py", "gpu_host.py",
@@ -441,7 +432,7 @@ def test_gpu_check_keeps_its_logs_in_its_out_folder_and_lists_the_new_files(tmp_
 def test_remote_benchmark_smoke_run_reads_the_same_tokens_three_ways(tmp_path):
     pytest.importorskip("moto.server")
     pytest.importorskip("s3fs")
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_remote.py"), "--shards", "2",
+    proc = subprocess.run([sys.executable, str(BENCH / "storage/bench_remote.py"), "--shards", "2",
                            "--shard-mb", "0.5", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -456,8 +447,8 @@ def test_remote_benchmark_smoke_run_reads_the_same_tokens_three_ways(tmp_path):
 
 def test_gpt2_sized_training_ab_smoke_run_times_every_feed(tmp_path):
     """--quick: the tiny model, on feeds that need no peer environment."""
-    proc = subprocess.run([sys.executable, str(BENCH / "train_gpt2.py"), "--quick", "--feeds",
-                           "ndp-cpu-packed", "memmap-get-batch", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, str(BENCH / "training/train_gpt2.py"), "--quick",
+                           "--feeds", "ndp-cpu-packed", "memmap-get-batch", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (path,) = tmp_path.glob("train-gpt2-*.json")
@@ -472,7 +463,7 @@ def test_gpt2_sized_training_ab_smoke_run_times_every_feed(tmp_path):
 
 @pytest.mark.parametrize("resident", [False, True])
 def test_cpu_breakdown_smoke_run(tmp_path, resident):
-    proc = subprocess.run([sys.executable, str(BENCH / "cpu_breakdown.py"), "--smoke", "--out",
+    proc = subprocess.run([sys.executable, str(BENCH / "cpu/cpu_breakdown.py"), "--smoke", "--out",
                            str(tmp_path), *(["--resident"] if resident else [])],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -496,8 +487,8 @@ def test_scale_benchmark_quick_run_measures_every_cost(tmp_path):
     scale table and chart render it."""
     import math
 
-    proc = subprocess.run([sys.executable, str(BENCH / "bench_scale.py"), "--quick", "--modes",
-                           "packed,packing", "--data", str(tmp_path / "data"), "--out",
+    proc = subprocess.run([sys.executable, str(BENCH / "scale/bench_scale.py"), "--quick",
+                           "--modes", "packed,packing", "--data", str(tmp_path / "data"), "--out",
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (path,) = (tmp_path / "out").glob("scale-*.json")
@@ -566,12 +557,7 @@ def test_scale_peers_stream_holds_the_ndp_datasets_documents(tmp_path):
 
     import ndp
 
-    sys.path.insert(0, str(BENCH))
-    try:
-        import scale_data
-        import scale_peers
-    finally:
-        sys.path.remove(str(BENCH))
+    scale_data, scale_peers = _bench("scale_data"), _bench("scale_peers")
     n, vocab = 7000, 50304
     args = argparse.Namespace(doc_tokens=16, vocab=vocab, shard_mb=0.1)  # several shards
     folder = tmp_path / "ndp"
@@ -596,7 +582,7 @@ def test_gpu_threads_splits_the_cpu_by_thread_and_samples_the_producer(tmp_path)
     consumer measured, the threads' CPU per batch read from /proc, and
     the sampler's shares of where each was, summing to at most 1."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, str(BENCH / "gpu_threads.py"), "--tokens", "8192",
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu/gpu_threads.py"), "--tokens", "8192",
                            "--batch", "2", "--seq", "16", "--seconds", "0.3", "--modes",
                            "padded", "packing", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600, env=env)
@@ -625,7 +611,7 @@ def test_gpu_host_quick_run_counts_every_device_call_per_chunk(tmp_path):
     one host wait (the verdicts; resident), the consumer's one stream wait and the producer's
     one (the release, before the build), the verdicts', the chunk's and the release's records,
     one query of torch's stream, and not one event made."""
-    proc = subprocess.run([sys.executable, str(BENCH / "gpu_host.py"), "--quick", "--out",
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu/gpu_host.py"), "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (result,) = tmp_path.glob("gpu-host-*.json")
@@ -681,8 +667,8 @@ def test_kernel_profile_driver_runs_full_chunks_under_the_simulator(tmp_path):
     are profiled, and what one holds (the simulator has no profiler: its range is skipped)."""
     _bench("bench_gpu_loader").write_corpus(tmp_path, 40_000, 16)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, str(BENCH / "kernel_profile.py"), "--drive", "packed",
-                           "--corpus", str(tmp_path), "--batch", "2", "--seq", "16",
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu/kernel_profile.py"), "--drive",
+                           "packed", "--corpus", str(tmp_path), "--batch", "2", "--seq", "16",
                            "--chunks", "1"], capture_output=True, text=True, env=env,
                           timeout=300, cwd=BENCH.parent)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -719,7 +705,8 @@ def test_kernel_profile_runs_each_mode_under_ncu_and_writes_its_report(tmp_path)
     fake.chmod(0o755)
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
                PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run([sys.executable, str(BENCH / "kernel_profile.py"), "--modes", "packed",
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu/kernel_profile.py"), "--modes",
+                           "packed",
                            "--batch", "2", "--seq", "16", "--tokens", "40000", "--chunks", "1",
                            "--out", str(tmp_path / "out")], capture_output=True, text=True,
                           env=env, timeout=300, cwd=BENCH.parent)
@@ -762,7 +749,7 @@ def test_first_batch_benchmark_smoke_run_splits_numbas_setup_from_the_loaders_pa
     """``first_batch.py``: fresh processes per mode, as a script meets the Loader and with
     Numba's CPU target set up first; the Loader's own part is the smaller, and both are
     recorded run by run."""
-    proc = subprocess.run([sys.executable, str(BENCH / "first_batch.py"), "--quick", "--out",
+    proc = subprocess.run([sys.executable, str(BENCH / "scale/first_batch.py"), "--quick", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (result,) = tmp_path.glob("first-batch-*.json")

@@ -140,3 +140,46 @@ def test_the_repository_top_holds_the_design_cards_entries_and_nothing_else():
     top = {path.split("/", 1)[0] for path in tracked}
     assert top == {"pyproject.toml", "README.md", "ndp", "kernels", "tests", "benchmarks",
                    "notebooks", "docs", "mkdocs.yml", ".ci", ".gitignore"}
+
+
+def _benchmark_imports() -> tuple[dict[str, set[str]], list[str]]:
+    """Each module of ``benchmarks/`` (``gpu.gpu_host``, ``harness``) -> the ones it imports,
+    anywhere in the file, and each import of a script by its bare name (``import peers``), which
+    would load a second copy of a module the scripts import as ``loaders.peers``."""
+    bench = ROOT / "benchmarks"
+    modules = {".".join(p.relative_to(bench).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in [*bench.glob("*.py"), *bench.glob("[!.]*/*.py")]}
+    bare = {name.rsplit(".", 1)[-1] for name in modules if "." in name}
+    graph: dict[str, set[str]] = {}
+    loose: list[str] = []
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            loose += [f"{name} imports {t}" for t in targets if t in bare]
+            found |= {t for t in targets if t in modules and t != name}
+        graph[name] = {t for t in found if not name.startswith(t + ".")}
+    return graph, loose
+
+
+def test_benchmarks_are_folders_by_what_they_measure_with_one_harness_and_no_cycle():
+    """Issue 37 item 5: ``benchmarks/`` split by what each script measures, each folder saying
+    what it holds, one shared harness at the top, no import cycle (there were two: the bad-input
+    case modules and their runner, the peers and their pipelines), and every script imported by
+    its folder's name."""
+    bench = ROOT / "benchmarks"
+    assert {p.name for p in bench.glob("*.py")} == {"harness.py"}
+    folders = sorted(p for p in bench.iterdir() if (p / "__init__.py").is_file())
+    assert len(folders) >= 6 and all(len(list(f.glob("*.py"))) <= 11 for f in folders)
+    for folder in folders:
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8")))
+        assert doc and len(doc) > 60, f"benchmarks/{folder.name}/__init__.py says nothing"
+    graph, loose = _benchmark_imports()
+    assert len(graph) > 30 and graph["gpu.gpu_host"] >= {"harness", "gpu.null_device"}
+    assert _cycles(graph) == []
+    assert loose == []

@@ -136,7 +136,7 @@ def _write(path: Path, report) -> None:
 def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monkeypatch):
     machine = {"cpu": "test CPU", "cores": 2}
     _write(tmp_path / "cpu-1.json", {
-        "command": "python benchmarks/bench_cpu.py", "date": "d", "machine": machine,
+        "command": "python benchmarks/cpu/bench_cpu.py", "date": "d", "machine": machine,
         "decode": [{"token_width": 2, "masked": False, "packets": 8, "seq": 16, "batch": 4,
                     "validate_tokens_per_s": 1.5e9, "validate_gb_per_s": 3.0,
                     "padded_tokens_per_s": 6.5e8, "packed_tokens_per_s": None}],
@@ -144,13 +144,14 @@ def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monk
                             "tokens_per_s": 1000.0, "input_mb_per_s": 1.0}},
     })
     _write(tmp_path / "cpu-loader-1.json", {
-        "command": "python benchmarks/bench_cpu.py --only loader", "machine": machine,
+        "command": "python benchmarks/cpu/bench_cpu.py --only loader", "machine": machine,
         "loader": [{"mode": "padded", "packets": 8, "seq_len": 16, "batch": 4, "prefetch": 2,
                     "tokens_per_s": 3.0e8, "next_p50_us": 200.0, "next_p99_us": 300.0,
                     "host_cpu_s_per_billion_tokens": 6.0}],
     })
     _write(tmp_path / "loaders-1.json", {
-        "command": "python benchmarks/bench_loaders.py --quick", "created": "c", "machine": machine,
+        "command": "python benchmarks/loaders/bench_loaders.py --quick", "created": "c",
+        "machine": machine,
         "pipelines": [
             {"name": "ndp-cpu-padded", "tokens_per_s": 3.0e8, "samples_per_s": 4000.0,
              "next_p50_us": 200.0, "next_p99_us": 300.0, "host_cpu_s_per_billion_tokens": 6.0,
@@ -162,21 +163,21 @@ def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monk
     })
     _write(tmp_path / "gpu-1.json", {
         "created": "c", "machine": machine, "device": {"name": "Test GPU"},
-        "config": {"command": "python benchmarks/bench_gpu.py"},
+        "config": {"command": "python benchmarks/gpu/bench_gpu.py"},
         "physical_limits": {"h2d_pinned_gb_per_s": 25.0, "d2d_gb_per_s": 1500.0},
         "results": {"gpu_resident_padded": {"tokens_per_s": 6.0e10, "next_p50_us": 10.0,
                                             "next_p99_us": 20.0}},
     })
     _write(tmp_path / "gpu-loader-1.json", {
         "created": "c", "machine": machine, "device": {"name": "Test GPU"},
-        "command": "python benchmarks/bench_gpu_loader.py",
+        "command": "python benchmarks/gpu/bench_gpu_loader.py",
         "results": {"ndp_cuda_resident_padded": {
             "tokens_per_s": 5.5e9, "next_p50_us": 12.0, "next_p99_us": 40.0,
             "host_cpu_s_per_billion_tokens": 1.5,
             "per_batch": {"launches": 0.031, "host_waits": 0.016}}},
     })
     _write(tmp_path / "cpu-breakdown-1.json", {
-        "benchmark": "cpu-breakdown", "command": "python benchmarks/cpu_breakdown.py",
+        "benchmark": "cpu-breakdown", "command": "python benchmarks/cpu/cpu_breakdown.py",
         "corpus": "test corpus", "machine": machine, "threads": 1,
         "rows": [{"mode": "packed", "batch": 16, "tokens_per_s": 1.7e8,
                   "ns_per_token": {"stage": 2.25, "verdicts": 1.17, "layout": 0.61,
@@ -187,7 +188,7 @@ def test_benchmark_notebook_shows_every_kind_and_refuses_the_rest(tmp_path, monk
     })
     _write(tmp_path / "kernel-profile-1.json", {
         "benchmark": "kernel_profile", "created": "c", "machine": machine,
-        "device": {"name": "Test GPU"}, "command": "python benchmarks/kernel_profile.py",
+        "device": {"name": "Test GPU"}, "command": "python benchmarks/gpu/kernel_profile.py",
         "modes": {"padded": {"launches": [
             {"kernel": "cudapy::ndp::kernels::verdict_cuda::verdicts_lanes_cuda[abi]",
              "duration_us": 67.5, "tokens_per_s": 6.2e10, "dram_gb_per_s": 255.0,

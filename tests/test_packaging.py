@@ -164,7 +164,7 @@ def test_the_distribution_is_not_pypis_ndp():
 
     found = []
     for path in [ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("ndp/**/*.py"),
-                 *ROOT.glob("benchmarks/*.py"),
+                 *ROOT.glob("benchmarks/*.py"), *ROOT.glob("benchmarks/[!.]*/*.py"),
                  *ROOT.glob("kernels/*.py"), *ROOT.glob("notebooks/*.ipynb")]:
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if names_pypis_ndp(line):

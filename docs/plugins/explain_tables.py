@@ -1,5 +1,5 @@
-"""The ``explain`` results table (``benchmarks/bench_explain.py``: what ``loader.explain(step)``
-costs at scale). Standard library only, like ``results``.
+"""The ``explain`` results table (``benchmarks/plan/bench_explain.py``: what
+``loader.explain(step)`` costs at scale). Standard library only, like ``results``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The GPU kernels' profile table (``benchmarks/kernel_profile.py``: Nsight Compute per kernel
+"""The GPU kernels' profile table (``benchmarks/gpu/kernel_profile.py``: Nsight Compute per kernel
 launch). Standard library only, like ``results``.
 """
 
@@ -47,7 +47,7 @@ def kernels(r: Result) -> str:
 
 
 def threads(r: Result) -> str:
-    """``benchmarks/gpu_threads.py``: per mode and consumer, tokens/s and each thread's CPU per
+    """``benchmarks/gpu/gpu_threads.py``: per mode and consumer, tokens/s and each thread's CPU per
     batch, the chunks staged ahead, and where the producer's samples fell most."""
     config = r.report.get("config") or {}
     rows = []

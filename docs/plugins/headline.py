@@ -112,8 +112,9 @@ def _gpu_host_row(r: Result, before: Result | None, page: str | None) -> list[st
     if before is not None:
         then = "the same command on the code before: " + "; ".join(
             f"{m}: {fmt(us, digits=0)} us" for m, us in per_mode(before, "host_us_per_batch").items())
-    return [f"GPU Loader's host side, device calls counted not made (`benchmarks/gpu_host.py`), "
-            f"resident shards, {c.get('batch', '?')} x {c.get('seq', '?')}, medians", ours, then,
+    return [f"GPU Loader's host side, device calls counted not made "
+            f"(`benchmarks/gpu/gpu_host.py`), resident shards, {c.get('batch', '?')} x "
+            f"{c.get('seq', '?')}, medians", ours, then,
             link(r.name, page)]
 
 
@@ -189,7 +190,7 @@ def markdown(all_results: list[Result], page: str | None) -> str:
         rows.append(_gpu_host_row(host[0], host[1] if len(host) > 1 else None, page))
         used.append(host[0])
     for r in featured("bad-inputs", all_results) if of_kind(all_results, "bad-inputs") else []:
-        rows.append(["Damaged, stale, cut and misused inputs (`benchmarks/bad_inputs.py`)",
+        rows.append(["Damaged, stale, cut and misused inputs (`benchmarks/inputs/bad_inputs.py`)",
                      f"{r.report.get('handled', '?')} of {r.report.get('tried', '?')} cases "
                      "refused with a named error or served exactly", "", link(r.name, page)])
         used.append(r)
@@ -197,7 +198,7 @@ def markdown(all_results: list[Result], page: str | None) -> str:
                          numbers=False), ""]
     if not gpu_loader:
         out += ["The Loader's GPU pipeline has no results file yet "
-                "(`python benchmarks/gpu_check.py --out benchmarks/results` makes one on a GPU "
+                "(`python benchmarks/gpu/gpu_check.py --out benchmarks/results` makes one on a GPU "
                 "machine).", ""]
     out += ["Each file records its command, machine and date:", ""]
     seen = set()

@@ -49,6 +49,39 @@ FEATURED = {
 }
 
 
+#: where each script of ``benchmarks/`` went when the folder was split by what each measures
+#: (2026-11-28): a file made before names ``benchmarks/<name>.py``, or the bare name; the
+#: pages print the path the script has now, so that a command runs as shown
+MOVED = {
+    **dict.fromkeys(["bench_cpu", "cpu_breakdown"], "cpu"),
+    **dict.fromkeys(["accounting", "bench_gpu", "bench_gpu_loader", "gpu_check", "gpu_host",
+                     "gpu_ranks", "gpu_threads", "kernel_profile", "null_device"], "gpu"),
+    **dict.fromkeys(["bad_inputs", "bad_inputs_more", "bad_inputs_round3", "bad_inputs_round3b",
+                     "bad_inputs_schedules"], "inputs"),
+    **dict.fromkeys(["bench_loaders", "loaders_report", "peers", "peers_dali",
+                     "peers_mosaicml"], "loaders"),
+    **dict.fromkeys(["bench_explain", "bench_plan_change", "bench_schedule",
+                     "shuffle_quality"], "plan"),
+    **dict.fromkeys(["bench_scale", "first_batch", "scale_data", "scale_peers",
+                     "scale_worker"], "scale"),
+    **dict.fromkeys(["bench_remote"], "storage"),
+    **dict.fromkeys(["train_ab", "train_gpt2"], "training"),
+}
+
+
+def moved(command: str) -> str:
+    """``command`` with every ``benchmarks/<name>.py`` (or a bare ``<name>.py`` at its start)
+    of a moved script as ``benchmarks/<folder>/<name>.py``."""
+    def where(m: re.Match) -> str:
+        name = m.group(2)
+        return f"benchmarks/{MOVED[name]}/{name}.py" if name in MOVED else m.group(0)
+
+    command = re.sub(r"(benchmarks/)(\w+)\.py", where, command)
+    first = re.match(r"()(\w+)\.py\b", command)
+    if first and first.group(2) in MOVED:
+        command = "python " + where(first) + command[first.end():]
+    return command
+
 @dataclass(frozen=True)
 class Result:
     """One results file: its name and what it holds."""
@@ -93,8 +126,9 @@ class Result:
 
     @property
     def command(self) -> str:
+        """The command that made the file, naming each script where it is now (``MOVED``)."""
         command = self.report.get("command") or (self.report.get("config") or {}).get("command")
-        return str(command).strip() if command else "command not recorded"
+        return moved(str(command).strip()) if command else "command not recorded"
 
     @property
     def sort_key(self) -> str:

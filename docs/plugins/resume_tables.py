@@ -1,5 +1,5 @@
 """The table of what a resume costs when the plan changed by hand or the dataset grew
-(``benchmarks/bench_plan_change.py``). Standard library only, like ``results``.
+(``benchmarks/plan/bench_plan_change.py``). Standard library only, like ``results``.
 """
 
 from __future__ import annotations

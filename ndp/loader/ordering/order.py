@@ -17,7 +17,7 @@ holding a block of packets at a time (``ndp.loader.planning.count``, ``ndp.loade
   example) lands at a new place each epoch, among other neighbours, and a dataset of up to a
   window is shuffled whole. Reads stay within two windows at a time (a block shuffle, like
   MosaicML streaming's and litdata's), so the GPU's shard arena and a CPU reader's open files
-  stay bounded; ``benchmarks/shuffle_quality.py`` measures it against theirs.
+  stay bounded; ``benchmarks/plan/shuffle_quality.py`` measures it against theirs.
 * ranks: rank ``r`` of ``W`` takes every W-th packet of the epoch's order, starting at ``r``;
   every packet is seen exactly once per epoch across the ranks, no two ranks share one, and the
   ranks' counts differ by at most one.

@@ -43,7 +43,7 @@ BLOCK = 1 << 18
 #: they hold at most ``HELD_BYTES`` together (``MOST_HELD`` at most): with small windows a
 #: chunk, its look-ahead and the chunk staged after it reach into three or more, and two held
 #: tables were built again and again (up to 11 times each, with two 16 MiB shards a window in
-#: ``benchmarks/gpu_host.py``'s host source)
+#: ``benchmarks/gpu/gpu_host.py``'s host source)
 HELD = 2
 HELD_BYTES = 1 << 26
 MOST_HELD = 8

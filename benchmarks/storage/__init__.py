@@ -1,0 +1,2 @@
+"""A dataset read from object storage against the same dataset on local disk
+(``bench_remote.py``)."""
