@@ -463,15 +463,17 @@ def test_gpt2_sized_training_ab_smoke_run_times_every_feed(tmp_path):
 
 @pytest.mark.parametrize("resident", [False, True])
 def test_cpu_breakdown_smoke_run(tmp_path, resident):
+    """Resident, with ``--modes``: ``packed+documents`` is packed with ``documents=True``."""
+    modes = ["--resident", "--modes", "packed+documents,padded"] if resident else []
     proc = subprocess.run([sys.executable, str(BENCH / "cpu/cpu_breakdown.py"), "--smoke", "--out",
-                           str(tmp_path), *(["--resident"] if resident else [])],
-                          capture_output=True, text=True, timeout=600)
+                           str(tmp_path), *modes], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (result,) = tmp_path.glob("cpu-breakdown-*.json")
     report = json.loads(result.read_text())
     assert report["threads"] == 1 and "--smoke" in report["command"]
     assert report["resident"] is resident
-    assert [(r["mode"], r["batch"]) for r in report["rows"]] == [("packed", 2), ("padded", 2)]
+    first = "packed+documents" if resident else "packed"
+    assert [(r["mode"], r["batch"]) for r in report["rows"]] == [(first, 2), ("padded", 2)]
     for row in report["rows"]:
         ns = row["ns_per_token"]
         assert row["tokens"] > 0 and row["batches"] > 3

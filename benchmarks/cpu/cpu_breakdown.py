@@ -7,8 +7,10 @@
     python benchmarks/cpu/cpu_breakdown.py --out benchmarks/results   # adds to the project's record
 
 ``ndp.Loader`` (CPU backend, torch tensors out) runs for a time budget per mode and batch size
-after a warm-up, on one ndp thread (``ndp.engine.threads.set_num_threads(1)``: a stage's work then all runs on
-the thread that calls it, where ``time.thread_time`` sees it). The producer's stages are timed on
+after a warm-up, on one ndp thread (``ndp.engine.threads.set_num_threads(1)``: a stage's work
+then all runs on the thread that calls it, where ``time.thread_time`` sees it). ``--modes``
+picks the modes (``packed+documents``: packed with ``documents=True``, what the documents'
+boundaries cost on the CPU backend), ``--repeat`` runs them over, interleaved. The producer's stages are timed on
 its thread: ``stage`` (reading the chunk's packets with pread), ``verdicts`` (CRC and checks),
 ``layout`` (batches from the verdicts, on the host), ``build`` (the output arrays), and the rest
 of its loop (``producer_other``: planning, header checks, queue hand-offs). ``consumer`` is the
@@ -80,8 +82,10 @@ def measure(data: Path, spent: Counter, *, mode: str, batch: int, seq: int, pad:
             seconds: float, chunk_batches: int | None = None, resident: bool = False) -> dict:
     import ndp
 
-    loader = ndp.Loader(data, mode=mode, batch_size=batch, seq_len=seq, pad_token_id=pad,
-                        seed=0, backend="cpu", chunk_batches=chunk_batches, resident=resident)
+    base, *extra = mode.split("+")  # "packed+documents": packed with documents=True
+    loader = ndp.Loader(data, mode=base, batch_size=batch, seq_len=seq, pad_token_id=pad,
+                        seed=0, backend="cpu", chunk_batches=chunk_batches, resident=resident,
+                        documents="documents" in extra)
 
     def forever():
         while True:
@@ -124,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the Loader's chunk_batches (default: its own choice)")
     ap.add_argument("--resident", action="store_true",
                     help="the Loader's resident=True: every shard read into memory once")
+    ap.add_argument("--modes", default="packed,padded",
+                    help="modes to run, in turn; packed+documents: packed with documents=True")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the modes this many times over, interleaved")
     ap.add_argument("--smoke", action="store_true", help="tiny data and runs, for the tests")
     add_out_argument(ap)
     args = ap.parse_args(argv)
@@ -145,14 +153,14 @@ def main(argv: list[str] | None = None) -> int:
             data, corpus = Path(tmp) / "ndp", f"bench_loaders ({cfg['tokens']:,} tokens)"
             pad = cfg["pad"] if pad is None else pad
         rows = []
-        for mode in ("packed", "padded"):
+        for mode in args.modes.split(",") * args.repeat:
             for b in batches:
                 row = measure(data, spent, mode=mode, batch=b, seq=seq, pad=pad or 0,
                               seconds=seconds, chunk_batches=args.chunk_batches,
                               resident=args.resident)
                 rows.append(row)
                 ns = row["ns_per_token"]
-                print(f"{mode:7s} B={b:<3d} {row['tokens_per_s'] / 1e6:7.1f} M tok/s  CPU ns/token: "
+                print(f"{mode:16s} B={b:<3d} {row['tokens_per_s'] / 1e6:7.1f} M tok/s  CPU ns/token: "
                       + "  ".join(f"{k} {v:.2f}" for k, v in ns.items()), flush=True)
     report = {"benchmark": "cpu-breakdown", "created": dt.datetime.now().isoformat(),
               "command": command(__file__, argv),
