@@ -171,3 +171,40 @@ def test_fill_writes_only_its_range():
     fill(out, 5, 5, 9)  # empty
     fill(out, 7, 2, 9)  # hi below lo: empty
     assert (out == 9).sum() == 0
+
+
+def _documents_by_token(doc_cum, start, wins, windows, seq):
+    """``build_documents_cpu``'s definition, token by token: token ``j`` of window ``b`` counts
+    from its document's start, or the window's, and has its document's number in the window."""
+    pos = np.zeros((windows, seq), np.int64)
+    ids = np.zeros((windows, seq), np.int32)
+    for b in range(windows):
+        s = int(wins[b]) if wins.shape[0] else start + b * seq
+        d0 = int(np.searchsorted(doc_cum, s, side="right")) - 1
+        for j in range(seq):
+            d = int(np.searchsorted(doc_cum, s + j, side="right")) - 1
+            pos[b, j] = s + j - max(int(doc_cum[d]), s)
+            ids[b, j] = d - d0
+    return pos, ids
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("seq", [1, 7, 16, 33])
+def test_documents_are_written_a_document_at_a_time_as_the_per_token_definition(seq, aligned):
+    """Documents shorter and longer than a window, empty ones (a start repeated), one starting
+    at a window's first or last token, and windows past the last document's start."""
+    from ndp.kernels.build import build_documents_cpu
+
+    for trial in range(20):
+        lengths = RNG.choice([0, 1, 2, seq - 1, seq, seq + 1, 3 * seq, 50], size=40)
+        doc_cum = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        start = int(RNG.integers(0, 5))
+        windows = int(RNG.integers(1, 12))
+        wins = (np.sort(RNG.integers(start, int(doc_cum[-1]) + seq, windows)).astype(np.int64)
+                if aligned else np.zeros(0, np.int64))
+        pos = np.full((windows, seq), -7, np.int64)
+        ids = np.full((windows, seq), -7, np.int32)
+        build_documents_cpu(doc_cum, start, wins, pos, ids)
+        want_pos, want_ids = _documents_by_token(doc_cum, start, wins, windows, seq)
+        np.testing.assert_array_equal(pos, want_pos, err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(ids, want_ids, err_msg=f"trial {trial}")
