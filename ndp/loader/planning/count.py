@@ -11,6 +11,14 @@ producer delivers any batch below the bound, waiting only if it catches up with 
 decoded). ``padded`` counts need no pass; its pass counts what rows cut (``Cut``) for the
 report, and nobody waits for it.
 
+The first bound comes early: in ``packing`` and ``packed`` mode the pass first counts the
+epoch's first ``PRIME`` places from their index entries read one by one (a bound from a few of
+every shard's entries, before the first window's index is read whole), then waits until the
+rest of the count is wanted (``Count.hold``): when the producer asks for a bound past its first
+chunk, or anyone for the count itself (``len()``), or after ``GO_WAIT`` seconds. So the first
+batch does not share the host's cores with reading and checking a window of indexes (at 1e8
+documents, a second of CPU); a count wanted before the pass starts skips the first bound.
+
 The pass holds a block of ``BLOCK`` packets at a time (``packing``: and the token counts of
 one window, int32): it reads each window's index in file order and finds each packet's place
 in the epoch by the inverse permutation (``Window.places``), so the reads are sequential; only
@@ -25,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ndp.loader.layouts import align as aligned
+from ndp.loader.ordering import units
 from ndp.loader.planning.epoch import Stopped, window_tokens
 from ndp.loader.layouts.packing import count_batches_by_rank, new_carry
 from ndp.loader.planning.shapes import Shapes
@@ -33,9 +42,11 @@ from ndp.loader.planning.marks import Marks, mark_every
 
 #: packets a pass handles at once (a few arrays of 8 bytes a packet: ~10 MB)
 BLOCK = 1 << 18
-#: packing: the epoch's first places counted from their entries read one by one, for a first
-#: bound before the first window's tokens are read whole (1 s for 27 M packets here)
+#: packing and packed: the epoch's first places counted from their entries read one by one,
+#: for a first bound before the first window's tokens are read whole (1 s for 27 M packets here)
 PRIME = 1 << 15
+#: seconds a pass waits after its first bound for the rest of the count to be wanted, at most
+GO_WAIT = 2.0
 
 
 def tokens_one_by_one(corpus: Any, win: Any, n: int) -> np.ndarray:
@@ -64,6 +75,9 @@ class Count:
         self._work = work
         self._error: BaseException | None = None
         self._running = threading.Lock()
+        #: the rest of the pass is wanted (``hold``): set by a bound asked past the first
+        #: chunk, a wait for the count, or ``GO_WAIT`` seconds
+        self._go = threading.Event()
         self.final = work is None  #: the pass is done (or there is none)
         self.peak = 0  #: the most elements of any per-packet array the pass built
         #: ``(every, at)``: batch ``j * every`` of this rank starts at ``at[j]``, a
@@ -74,6 +88,25 @@ class Count:
     def known(self) -> bool:
         """The count is known (waiting for it returns at once)."""
         return self._batches is not None
+
+    @property
+    def wanted(self) -> bool:
+        """Someone waits for more than the pass's first bound (``hold`` does not wait)."""
+        return self._go.is_set()
+
+    def hold(self, stop: Any = None) -> None:
+        """The pass, its first bound published: wait until the rest is wanted (at most
+        ``GO_WAIT`` seconds; not at all with no bound to deliver from); ``stop`` abandons it
+        (``Stopped``)."""
+        if self._bound <= 0:
+            return
+        waited = 0.0
+        while not self._go.wait(0.05):
+            waited += 0.05
+            if stop is not None and stop():
+                raise Stopped("counting an epoch's batches stopped")
+            if waited >= GO_WAIT:
+                return
 
     def publish(self, bound: int) -> None:
         """At least ``bound`` batches: every rank delivers that many."""
@@ -129,11 +162,13 @@ class Count:
 
     def batches(self, stop: Any = None) -> int:
         """The count; waits for the pass if it is still counting."""
+        self._go.set()
         self._wait(lambda: self._batches is not None, stop)
         return int(self._batches)
 
     def counted(self, stop: Any = None) -> None:
         """Wait for the pass to be done (the padded cut too)."""
+        self._go.set()
         self._wait(lambda: self.final, stop)
 
     def peek(self) -> tuple[int, bool]:
@@ -147,12 +182,23 @@ class Count:
     def bound(self, done: int, stop: Any = None) -> tuple[int, bool]:
         """A number of batches above ``done`` that every rank delivers, or the count if it is
         not above it: ``(batches, exact)``. Waits for the pass only while its bound is not
-        above ``done``; ``stop`` abandons the wait (``Stopped``)."""
+        above ``done``; ``stop`` abandons the wait (``Stopped``). Asked past the first chunk
+        (``done`` > 0), it lets a held pass go on (``hold``)."""
+        if done > 0:
+            self._go.set()
         self._wait(lambda: self._batches is not None or self._bound > done, stop)
         with self._cond:
             if self._batches is not None:
                 return int(self._batches), True
             return self._bound, False
+
+
+def primed(mode: str, align: str | None, corpus: Any) -> bool:
+    """Whether a pass publishes a first bound from ``PRIME`` places read one by one: packing,
+    and packed with windows not at documents and places that are packets (a greedy count at
+    documents, or documents over several packets, are left to the whole pass)."""
+    return mode == "packing" or (mode == "packed" and align is None
+                                 and not units.active(corpus, "packed"))
 
 
 def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode: str,
@@ -214,9 +260,18 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
             break
         size = win.size
         first = 0  # packing: the window's first places counted before its tokens are read
-        if mode == "packing" and at == 0:  # a first bound before a whole window is read
-            first = min(PRIME, size, limit)
-            greedy(tokens_one_by_one(corpus, win, first), 0, first)
+        if at == 0 and not count.wanted and primed(mode, align, corpus):
+            # a first bound before a whole window is read, then the first chunk's turn
+            n = min(PRIME, size, limit)
+            toks = tokens_one_by_one(corpus, win, n)
+            if mode == "packing":
+                first = n
+                greedy(toks, 0, n)
+            else:  # packed: each rank's sum so far (the pass counts these places again)
+                part = np.bincount(np.arange(n) % W, weights=toks, minlength=W)
+                bound(shapes.packed_batches(int(part.min())))
+            if n < size or len(windows) > 1:
+                count.hold(stop)
         column = (window_tokens(corpus, win, documents=mode == "packed", out=held) if ordered
                   else None)
         count.peak = max(count.peak, 0 if column is None else size)

@@ -156,23 +156,83 @@ def test_a_resume_mid_epoch_does_not_wait_for_the_count(tmp_path, monkeypatch):
                   "step": n + 1}))
 
 
-def test_packings_first_bound_from_entries_read_one_by_one_changes_no_count_or_mark(
-        tmp_path, monkeypatch):
-    """Packing's pass counts the first ``PRIME`` places of the first window from their entries
-    read one by one (a bound before the window is read whole), then the rest from the
-    window's column: the count and the marks are those of one pass over the column, wherever
-    the first part ends."""
+@pytest.mark.parametrize("mode", ["packing", "packed"])
+def test_a_first_bound_from_entries_read_one_by_one_changes_no_count_or_mark(
+        tmp_path, monkeypatch, mode):
+    """The pass counts the first ``PRIME`` places of the first window from their entries read
+    one by one (a bound before the window is read whole; packed: the places are counted again
+    by the pass), holds, then counts the rest from the window's column: the count and the
+    marks are those of one pass over the column, wherever the first part ends."""
     for s in range(3):
         write_shards(tmp_path, [encode_tokens(ramp(40 * k, 5 + (k * 7 + s) % 31))
                                 for k in range(150)], prefix=f"s{s}")
     monkeypatch.setenv("NDP_COUNT_CACHE", "off")  # counted here, not found written
+    read = []
+    real = count_module.tokens_one_by_one
+    monkeypatch.setattr(count_module, "tokens_one_by_one",
+                        lambda corpus, win, n: read.append(n) or real(corpus, win, n))
     got = []
     for prime in (0, 1, 7, 100, 10_000):
         monkeypatch.setattr(count_module, "PRIME", prime)
-        loader = Loader(tmp_path, mode="packing", batch_size=2, seq_len=16, backend="cpu",
+        read.clear()
+        loader = Loader(tmp_path, mode=mode, batch_size=2, seq_len=16, backend="cpu",
                         output="arrays", seed=3, rank=1, world_size=2)
         count = loader.plan.share(0).count
+        waited = time.monotonic()  # the first places read, before the count is asked for
+        while prime and not read:
+            assert time.monotonic() - waited < 60
+            time.sleep(0.001)
         count.counted()
+        assert read == ([min(prime, 450)] if prime else []), prime
         got.append((count.batches(), count.marks))
         loader.close()
     assert got[0][0] > 10 and got[0][1] is not None and all(g == got[0] for g in got)
+
+
+def held_count(first_bound: int):
+    """A Count whose pass runs on a thread: publishes ``first_bound``, holds, then finishes
+    with 9; and a list that gets "held" when the hold returned."""
+    after = []
+
+    def work(count, stop):
+        count.publish(first_bound)
+        count.hold(stop)
+        after.append("held")
+        count.finish(9)
+
+    count = Count(work=work)
+    thread = threading.Thread(target=count.run)
+    thread.start()
+    return count, after, thread
+
+
+@pytest.mark.parametrize("wanted", ["bound past the first chunk", "batches", "counted"])
+def test_a_pass_holds_after_its_first_bound_until_more_is_wanted(wanted):
+    """The first chunk has the host to itself: the pass waits after its first bound until the
+    producer asks for a bound past that chunk, or someone for the count."""
+    count, after, thread = held_count(5)
+    assert count.bound(0) == (5, False)  # the first chunk's bound lets nothing go on
+    time.sleep(0.2)
+    assert after == [] and not count.final and not count.wanted
+    if wanted == "batches":
+        assert count.batches() == 9
+    elif wanted == "counted":
+        count.counted()
+    else:
+        assert count.bound(2) == (5, False)
+    thread.join(30)
+    assert after == ["held"] and count.final and count.batches() == 9
+
+
+def test_a_hold_ends_by_itself_is_stopped_and_never_holds_without_a_bound(monkeypatch):
+    monkeypatch.setattr(count_module, "GO_WAIT", 0.1)
+    count, after, thread = held_count(5)
+    thread.join(30)  # nobody asked: the pass goes on after GO_WAIT
+    assert after == ["held"] and count.final
+    monkeypatch.setattr(count_module, "GO_WAIT", 60.0)
+    count, after, thread = held_count(0)  # no bound to deliver from: no hold
+    thread.join(30)
+    assert after == ["held"] and count.final
+    stopped = Count(work=lambda c, stop: (c.publish(3), c.hold(stop), c.finish(1)))
+    stopped.run(stop=lambda: True)  # closing: the held pass is left undone, to run again
+    assert not stopped.final and stopped.peek() == (3, False)
