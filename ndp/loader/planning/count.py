@@ -272,8 +272,8 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
                 bound(shapes.packed_batches(int(part.min())))
             if n < size or len(windows) > 1:
                 count.hold(stop)
-        column = (window_tokens(corpus, win, documents=mode == "packed", out=held) if ordered
-                  else None)
+        column = (window_tokens(corpus, win, documents=mode == "packed", out=held, stop=stop)
+                  if ordered else None)
         count.peak = max(count.peak, 0 if column is None else size)
         most = int(column.max()) if column is not None and column.shape[0] else 0
         for a in range(first, size, block):
@@ -293,7 +293,7 @@ def count_pass(corpus: Any, windows: list, *, world_size: int, length: int, mode
                 greedy(win.take(column, a, b), a, b)
                 continue
             # in file order: the index read in order (packed: each place's document)
-            toks = window_tokens(corpus, win, a, b, documents=mode == "packed")
+            toks = window_tokens(corpus, win, a, b, documents=mode == "packed", stop=stop)
             places = at + win.places(np.arange(a, b, dtype=np.int64))
             within = places < limit
             ranks, toks = places[within] % W, toks[within].astype(np.int64)

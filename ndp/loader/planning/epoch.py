@@ -204,7 +204,8 @@ class _Walk:
 
 
 def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None, *,
-                  documents: bool = False, out: np.ndarray | None = None) -> np.ndarray:
+                  documents: bool = False, out: np.ndarray | None = None,
+                  stop: Any = None) -> np.ndarray:
     """The token counts of ``win``'s packets in file order (before its permutation), those at
     file-order indices ``[a, b)`` (all by default; int32: a packet holds at most 65,535
     tokens): each range (a shard) read as a slice of the corpus' tokens, which reads an index
@@ -212,7 +213,9 @@ def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None, *,
     (``Column.passing``: the pass does not push the decoder's entries out). ``documents``:
     the tokens each place holds in packed mode (``ndp.loader.ordering.units.place_tokens``: a whole
     document's at its first piece, int64). ``out``: an int32 buffer of at least ``b - a`` to
-    write them into (a pass over an epoch's windows reuses one: its pages are touched once)."""
+    write them into (a pass over an epoch's windows reuses one: its pages are touched once).
+    ``stop``: a callable checked before each range is read; once true, the rest are left and
+    ``Stopped`` is raised (a closing Loader waits for one shard's read, not a window's)."""
     b = win.size if b is None else b
     n = max(b - a, 0)
     out = np.empty(n, np.int32) if out is None else out[:n]
@@ -235,9 +238,13 @@ def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None, *,
 
         def read(lo: int, hi: int) -> None:
             for s, e, o in pieces[lo:hi]:
+                if stop is not None and stop():
+                    return
                 passing(s, e, out[o: o + e - s])
 
         parallel_for(read, len(pieces))
+        if stop is not None and stop():
+            raise Stopped("reading a window's token counts stopped")
     if documents and units.active(corpus, "packed"):
         return units.place_tokens(corpus, win.packets_of(np.arange(a, b, dtype=np.int64)), out)
     return out

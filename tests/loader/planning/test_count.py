@@ -236,3 +236,34 @@ def test_a_hold_ends_by_itself_is_stopped_and_never_holds_without_a_bound(monkey
     stopped = Count(work=lambda c, stop: (c.publish(3), c.hold(stop), c.finish(1)))
     stopped.run(stop=lambda: True)  # closing: the held pass is left undone, to run again
     assert not stopped.final and stopped.peek() == (3, False)
+
+
+def test_a_windows_token_counts_stop_between_shards(tmp_path, monkeypatch):
+    """A closing Loader stops the count's read of a window after the shard under way (each
+    index is read and checked whole on first use: a window's are a second at 1e8), not after
+    the window."""
+    from ndp.engine import threads
+    from ndp.loader.ordering.window import Window
+    from ndp.loader.planning.epoch import window_tokens
+    from ndp.store.columns import Column
+    from ndp.store.corpus import Corpus
+
+    for s in range(6):
+        write_shards(tmp_path, [encode_tokens(ramp(40 * k, 5 + k % 7)) for k in range(50)],
+                     prefix=f"s{s}")
+    corpus = Corpus(tmp_path)
+    base = np.asarray(corpus.base, np.int64)
+    win = Window(base[:-1], base[1:]) if base.shape[0] == 7 else Window(base, np.append(
+        base[1:], len(corpus)))
+    assert win.size == len(corpus) == 300
+    want = window_tokens(corpus, win)
+    np.testing.assert_array_equal(want, corpus.tokens[np.arange(300)])
+    read = []
+    real = Column.passing
+    monkeypatch.setattr(Column, "passing",
+                        lambda self, s, e, out: read.append(s) or real(self, s, e, out))
+    with pytest.raises(Stopped):
+        window_tokens(corpus, win, stop=lambda: len(read) >= 2)
+    # the shards under way when it stopped (one a thread: two ranges of three on the pool, or
+    # one of six on a single thread), and none of the others
+    assert 2 <= len(read) <= 1 + threads.get_num_threads() < 6
