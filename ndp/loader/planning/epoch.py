@@ -236,14 +236,17 @@ def window_tokens(corpus: Any, win: Window, a: int = 0, b: int | None = None, *,
     else:  # the counts written straight into ``out``; the ranges (shards: each index read
         # and checked on its first use, nogil) on ndp's threads at once
 
+        left: list = []  # ranges left unread (the pass was stopped)
+
         def read(lo: int, hi: int) -> None:
             for s, e, o in pieces[lo:hi]:
                 if stop is not None and stop():
+                    left.append(s)
                     return
                 passing(s, e, out[o: o + e - s])
 
         parallel_for(read, len(pieces))
-        if stop is not None and stop():
+        if left:  # never a column with ranges missing, whatever ``stop`` says by now
             raise Stopped("reading a window's token counts stopped")
     if documents and units.active(corpus, "packed"):
         return units.place_tokens(corpus, win.packets_of(np.arange(a, b, dtype=np.int64)), out)
