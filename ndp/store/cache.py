@@ -59,8 +59,8 @@ from filelock import FileLock, Timeout
 from ndp.store.atomic import TMP_SUFFIX, AtomicFile, atomic_write
 from ndp.errors import CacheFullError, ConfigError
 from ndp.wire.format import SHARD_SUFFIX
-from ndp.store.readers import (CACHE_LOCK, FULL, Registry, gave_up, give_up, stuck,
-                               stuck_error)
+from ndp.store.readers import (CACHE_LOCK, FULL, Registry, ShardBusy, gave_up, give_up,
+                               stuck, stuck_error)
 
 PINS = ".pins"
 VERIFIED = ".verified"
@@ -232,7 +232,8 @@ class ShardCache:
         crc32); only then is it renamed into place. A file there that is not the one recorded
         as checked is checked against ``size`` and ``crc32`` (without ``crc32``: downloaded
         again). Without ``wait``, a full cache raises ``CacheFullError`` at once instead of
-        waiting for room."""
+        waiting for room, and a shard being downloaded by another fetch raises ``ShardBusy``
+        instead of waiting for the lock (then downloading it again if that fetch failed)."""
         path = self.dir / name
         st = self._trusted(name, size)
         if st is not None:
@@ -240,7 +241,7 @@ class ShardCache:
             self.stats.hits += 1
             return path
         lock = FileLock(str(path) + LOCK_SUFFIX)
-        self._take(lock, name, size, record=wait and self.limit is not None)
+        self._take(lock, name, size, record=wait and self.limit is not None, wait=wait)
         try:
             # another process downloaded it meanwhile, or it is the manifest's all the same
             if self._trusted(name, size) is not None or self._recheck(name, size, crc32):
@@ -270,16 +271,18 @@ class ShardCache:
         self.stats.bytes_downloaded += size
         return path
 
-    def _take(self, lock: FileLock, name: str, size: int, *, record: bool) -> None:
-        """Take shard ``name``'s ``lock``. While another process holds it (downloading the
+    def _take(self, lock: FileLock, name: str, size: int, *, record: bool,
+              wait: bool = True) -> None:
+        """Take shard ``name``'s ``lock``. While another fetch holds it (downloading the
         shard, or waiting for room to) the wait is registered if ``record`` (a reader's own
         fetch, not its prefetch's): a wait on a reader that cannot move on cannot end either
-        (``ndp.store.readers``)."""
+        (``ndp.store.readers``). Without ``wait``: ``ShardBusy`` at once."""
         try:
             lock.acquire(timeout=0)
             return
         except Timeout:
-            pass
+            if not wait:
+                raise ShardBusy(name) from None
         if record:
             self._readers.wait(name, size, "lock")
         try:

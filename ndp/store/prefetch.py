@@ -16,6 +16,9 @@ it is (``advance``). From that the prefetcher keeps:
 
 A download that fails here is left to the decoder's own fetch, which retries it and raises its
 error in the consumer: the prefetcher never hides an error, it only moves downloads earlier.
+It never waits behind another fetch of the same shard (``ShardBusy``: that fetch will have it),
+and a shard the decoder's own fetch gave up on (``gave_up``) is not asked for again this epoch:
+once the error is raised, nothing downloads that shard behind the consumer's back.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ndp.errors import CacheFullError
+from ndp.store.readers import ShardBusy
 
 #: bytes fetched ahead of those needed now, by default: two shuffle windows
 AHEAD_BYTES = 2 << 30
@@ -101,10 +105,22 @@ class Prefetcher:
             except CacheFullError:  # no room before the reader moves on: until it does
                 with self._cond:
                     self._targets = []
+            except ShardBusy:  # another fetch is downloading it: nothing to move earlier
+                with self._cond:
+                    self._targets = [s for s in self._targets if s != shard]
             except Exception:  # noqa: BLE001 - the decoder's own fetch raises it
                 with self._cond:
                     self._failed.add(shard)
                     self._targets = [s for s in self._targets if s != shard]
+
+    def gave_up(self, name: str) -> None:
+        """The decoder's own fetch of shard ``name`` failed (its error goes to the consumer):
+        not fetched again here until the next ``plan``."""
+        shard = next((s for s, e in enumerate(self.dataset.entries) if e["name"] == name), None)
+        if shard is not None:
+            with self._cond:
+                self._failed.add(shard)
+                self._targets = [s for s in self._targets if s != shard]
 
     def close(self) -> None:
         """Stop the thread (after the download it is in, if any)."""

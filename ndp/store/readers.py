@@ -55,6 +55,11 @@ FULL = ".full"
 _serial = itertools.count(1)
 
 
+class ShardBusy(Exception):
+    """A fetch that does not wait (a prefetch) found the shard being downloaded by another
+    fetch, which will have it: there is nothing to move earlier."""
+
+
 @dataclass(frozen=True)
 class Reader:
     """A live reader of a cache, as its files say."""

@@ -311,9 +311,15 @@ class RemoteDataset:
         for it now, and one try, not ``retries + 1``: a shard that does not come is then asked
         for ``retries + 2`` times in all, not twice that."""
         tries = None if wait else 0
-        return self.cache.get(entry["name"], entry["bytes"],
-                              lambda out: self.download(entry, out, retries=tries),
-                              crc32=entry["crc32"], wait=wait)
+        try:
+            return self.cache.get(entry["name"], entry["bytes"],
+                                  lambda out: self.download(entry, out, retries=tries),
+                                  crc32=entry["crc32"], wait=wait)
+        except Exception:
+            prefetcher = self.prefetcher
+            if wait and prefetcher is not None:  # not asked for again behind the error
+                prefetcher.gave_up(entry["name"])
+            raise
 
     def fetch_all(self, *, progress: bool = False) -> list[Path]:
         """Every shard in the cache (for the tools that read a dataset whole)."""

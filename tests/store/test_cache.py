@@ -217,3 +217,25 @@ def test_a_wait_given_up_ends_the_others_waiting_on_the_cache(tmp_path):
     ShardCache(tmp_path, limit=10).get("c.ndp", 5, writer(b"y" * 5))
     assert not (tmp_path / FULL).exists()
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_prefetch_never_waits_behind_another_download_of_the_same_shard(tmp_path):
+    """A fetch that does not wait (the prefetcher's) finds the shard's lock held by another
+    download: ``ShardBusy`` at once, nothing downloaded, nothing left (a prefetch that waited
+    would download the shard again after that download failed, behind the consumer's error)."""
+    from filelock import FileLock
+
+    from ndp.store.cache import LOCK_SUFFIX
+    from ndp.store.readers import ShardBusy
+
+    cache = ShardCache(tmp_path)
+    held = FileLock(str(tmp_path / "a.ndp") + LOCK_SUFFIX)
+    held.acquire()
+    called = []
+    try:
+        with pytest.raises(ShardBusy):
+            cache.get("a.ndp", 5, lambda out: called.append(out), wait=False)
+    finally:
+        held.release()
+    assert called == [] and not (tmp_path / "a.ndp").exists()
+    assert cache.get("a.ndp", 5, writer(b"12345"), wait=False).read_bytes() == b"12345"
