@@ -46,6 +46,9 @@ FEATURED = {
                    "gpu-loader-20261126-164336.json"],
     # the verdicts of several threads a long packet, then one thread a packet (before)
     "kernels": ["kernel-profile-20261127-071623.json", "kernel-profile-20261127-065339.json"],
+    # the count's first bound and hold at 1e8 documents, then the code before it, run after
+    "first-batch": ["first-batch-20261128-075605.json",
+                    "first-batch-20261128-075812-at-3bc04c2.json"],
 }
 
 
