@@ -233,7 +233,8 @@ class ShardCache:
         as checked is checked against ``size`` and ``crc32`` (without ``crc32``: downloaded
         again). Without ``wait``, a full cache raises ``CacheFullError`` at once instead of
         waiting for room, and a shard being downloaded by another fetch raises ``ShardBusy``
-        instead of waiting for the lock (then downloading it again if that fetch failed)."""
+        instead of waiting for its lock (a prefetch that waited would download the shard
+        again after that fetch failed)."""
         path = self.dir / name
         st = self._trusted(name, size)
         if st is not None:
