@@ -24,24 +24,32 @@ def _module(path: Path) -> str:
     return ".".join(parts)
 
 
+def _imported(path: Path) -> list[str]:
+    """Every module name a file imports, anywhere in it (``from a import b``: ``a`` and
+    ``a.b``, either of which may be a module)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return names
+
+
+def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Each of ``modules`` -> those of them it imports (a package's ``__init__`` is imported
+    with each of its modules: that is not an edge here)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = {t for t in _imported(path) if t in modules and t != name}
+        graph[name] = {t for t in found if not name.startswith(t + ".")}
+    return graph
+
+
 def _imports() -> dict[str, set[str]]:
     """Each ndp module -> the ndp modules it imports, anywhere in the file."""
     files = [*ROOT.glob("ndp/**/*.py"), *ROOT.glob("kernels/*.py")]
-    modules = {_module(p): p for p in files}
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                continue
-            found |= {t for t in targets if t in modules and t != name}
-        # a package's __init__ is imported with each of its modules; that is not an edge here
-        graph[name] = {t for t in found if not name.startswith(t + ".")}
-    return graph
+    return _graph({_module(p): p for p in files})
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -150,21 +158,9 @@ def _benchmark_imports() -> tuple[dict[str, set[str]], list[str]]:
     modules = {".".join(p.relative_to(bench).with_suffix("").parts).removesuffix(".__init__"): p
                for p in [*bench.glob("*.py"), *bench.glob("[!.]*/*.py")]}
     bare = {name.rsplit(".", 1)[-1] for name in modules if "." in name}
-    graph: dict[str, set[str]] = {}
-    loose: list[str] = []
-    for name, path in modules.items():
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                continue
-            loose += [f"{name} imports {t}" for t in targets if t in bare]
-            found |= {t for t in targets if t in modules and t != name}
-        graph[name] = {t for t in found if not name.startswith(t + ".")}
-    return graph, loose
+    loose = [f"{name} imports {t}" for name, path in modules.items()
+             for t in _imported(path) if t in bare]
+    return _graph(modules), loose
 
 
 def test_benchmarks_are_folders_by_what_they_measure_with_one_harness_and_no_cycle():
