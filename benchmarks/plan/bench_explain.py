@@ -33,7 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import add_out_argument, command, machine, report_path, write_report  # noqa: E402
-from scale.scale_data import dataset_spec, ensure_dataset, index_dataset, parse_size, size_name  # noqa: E402,E501
+from scale.scale_data import (add_dataset_arguments, dataset_spec, ensure_dataset,  # noqa: E402
+                              index_dataset, parse_size, size_name)
 
 #: per mode: (batch_size, seq_len) and the steps asked, as fractions of the epoch's batches
 SHAPES = {"padded": (64, 64), "packing": (64, 64), "packed": (64, 1024)}
@@ -121,10 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loop-steps", type=int, default=20,
                         help="batches before the state the last call's Loader resumes from; "
                              "it explains the step 5 after it (found from there)")
-    parser.add_argument("--data", type=Path, default=Path("/tmp/ndp-scale-data"))
-    parser.add_argument("--doc-tokens", type=int, default=16)
-    parser.add_argument("--vocab", type=int, default=50_304)
-    parser.add_argument("--shard-mb", type=float, default=64)
+    add_dataset_arguments(parser)
     parser.add_argument("--smoke", action="store_true", help="small shards, seconds")
     add_out_argument(parser)
     args = parser.parse_args(argv)

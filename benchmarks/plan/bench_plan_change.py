@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import add_out_argument, command, machine, report_path, write_report  # noqa: E402
 from scale.scale_data import (  # noqa: E402
+    add_dataset_arguments,
     dataset_spec,
     ensure_dataset,
     index_dataset,
@@ -138,10 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1e7,1e8", help="documents, comma separated")
     parser.add_argument("--world", type=int, default=8, help="ranks of the run")
     parser.add_argument("--steps", type=int, default=20, help="batches before the state")
-    parser.add_argument("--data", type=Path, default=Path("/tmp/ndp-scale-data"))
-    parser.add_argument("--doc-tokens", type=int, default=16)
-    parser.add_argument("--vocab", type=int, default=50_304)
-    parser.add_argument("--shard-mb", type=float, default=64)
+    add_dataset_arguments(parser)
     parser.add_argument("--smoke", action="store_true", help="small shards, seconds")
     add_out_argument(parser)
     args = parser.parse_args(argv)

@@ -58,8 +58,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import OUT_HELP, add_out_argument, command, write_report  # noqa: E402
-from scale.scale_data import (dataset_matches, dataset_spec, ensure_dataset,  # noqa: E402
-                        index_dataset, parse_size, size_name, verify_dataset)
+from scale.scale_data import (add_dataset_arguments, dataset_matches,  # noqa: E402
+                              dataset_spec, ensure_dataset, index_dataset, parse_size,
+                              size_name, verify_dataset)
 from scale.scale_worker import CHECK_STATES_BATCHES, worker  # noqa: E402
 
 MODES = ("padded", "packed", "packing")
@@ -228,10 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                              "each side of the boundary: a smoke run")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 16)")
     parser.add_argument("--seq", type=int, default=None, help="seq_len (default 1024)")
-    parser.add_argument("--doc-tokens", type=int, default=16, help="tokens per document")
-    parser.add_argument("--vocab", type=int, default=50304,
-                        help="the ramp's modulus (token ids 0..vocab-1, uint16)")
-    parser.add_argument("--shard-mb", type=float, default=64, help="shard size, MiB")
+    add_dataset_arguments(parser)
     parser.add_argument("--boundary", type=int, default=None,
                         help="batches timed on each side of the epoch boundary (default 64)")
     parser.add_argument("--check-states", choices=("auto", "yes", "no"), default="auto",
@@ -241,8 +239,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="run 'ndp verify' on datasets of at most this many documents")
     parser.add_argument("--peers", default="", help="also torchdata, litdata (comma-separated) "
                         "on the same documents, rank 0 of 1: scale_peers.py (default: none)")
-    parser.add_argument("--data", type=Path, default=Path("/tmp/ndp-scale-data"),
-                        help="where the generated datasets live (reused across runs)")
     add_out_argument(parser, OUT_HELP)
     args = parser.parse_args(argv)
     if args.worker:

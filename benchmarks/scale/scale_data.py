@@ -51,6 +51,18 @@ def size_name(n: int) -> str:
     return f"1e{exp}" if 10 ** exp == n else str(n)
 
 
+def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that name a synthetic dataset (``dataset_spec``) and where it lives, shared
+    by every script that measures one (``bench_scale.py``, ``plan/bench_explain.py``,
+    ``plan/bench_plan_change.py``): generated once, reused across runs."""
+    parser.add_argument("--doc-tokens", type=int, default=16, help="tokens per document")
+    parser.add_argument("--vocab", type=int, default=50304,
+                        help="the ramp's modulus (token ids 0..vocab-1, uint16)")
+    parser.add_argument("--shard-mb", type=float, default=64, help="shard size, MiB")
+    parser.add_argument("--data", type=Path, default=Path("/tmp/ndp-scale-data"),
+                        help="where the generated datasets live (reused across runs)")
+
+
 def dataset_spec(n: int, args: argparse.Namespace) -> dict:
     return {"documents": n, "generator": GENERATOR_VERSION, "doc_tokens": args.doc_tokens,
             "vocab": args.vocab, "shard_bytes": int(args.shard_mb * (1 << 20)),
